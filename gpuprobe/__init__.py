@@ -1,0 +1,116 @@
+"""gpuprobe: see inside GPU generation — NVTX ranges, non-blocking timings, memory and live metrics.
+
+The public API is small:
+
+- :func:`probe` — decorator / context manager around a region of code;
+- :func:`serve` — the Prometheus /metrics endpoint; :func:`configure` — settings and exporters;
+- :func:`enable` / :func:`disable` — the run-time switch; :func:`info` — which backends are active;
+- :func:`step` — count a generation step (profile windows, snapshot triggers); :func:`collect`;
+- :mod:`gpuprobe.memory` — readings and snapshots; :mod:`gpuprobe.testing` — helpers for tests.
+
+The root package imports no optional dependency: ``nvtx``, ``prometheus_client``, OpenTelemetry and
+transformers are each imported by one module, when used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import memory
+from .collector import collect
+from .config import Config
+from .errors import ConfigError, GpuprobeError, MissingDependencyError
+from ._probe import Probe, disable, enable, is_enabled, probe
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "probe", "Probe", "serve", "configure", "enable", "disable", "is_enabled", "info", "step", "collect",
+    "memory", "Config", "GpuprobeError", "ConfigError", "MissingDependencyError", "__version__",
+]
+
+
+def serve(port: int | None = None, addr: str | None = None) -> Any:
+    """Serve metrics for Prometheus at ``http://addr:port/metrics`` (127.0.0.1:9464 by default).
+
+    See :func:`gpuprobe.exporters.prometheus.serve`; needs ``gpuprobe[prometheus]``.
+
+    Example:
+        >>> import gpuprobe
+        >>> server = gpuprobe.serve(port=0)
+        >>> server.close()
+    """
+    from .exporters.prometheus import serve as _serve
+
+    return _serve(port, addr)
+
+
+def configure(*, meter_provider: Any = None, **settings: Any) -> Config:
+    """Change settings (the keywords of :class:`Config`) and (re)start the exporters they name.
+
+    Aggregates are kept; exporters started by an earlier ``configure`` are stopped first.
+
+    Args:
+        meter_provider: an OpenTelemetry ``MeterProvider`` of yours to feed gpuprobe's metrics into.
+        **settings: e.g. ``otlp_endpoint="http://127.0.0.1:4318/v1/metrics"``, ``jsonl="run.jsonl"``,
+            ``memory=True``, ``prometheus_port=9464``.
+
+    Returns:
+        The settings now in force.
+
+    Raises:
+        ConfigError: an unknown keyword or a bad value; the message names it.
+
+    Example:
+        >>> import gpuprobe
+        >>> gpuprobe.configure(memory=True).memory
+        True
+        >>> _ = gpuprobe.configure(memory=False)
+    """
+    from . import collector, config
+
+    cfg = config.replace(config.current(), **settings)
+    rt = collector.reset(cfg, zero=False)
+    if meter_provider is not None:
+        from .exporters.otlp import MeterProviderBridge
+
+        MeterProviderBridge(meter_provider).attach(rt)
+    return cfg
+
+
+def info() -> dict[str, Any]:
+    """Which backends are active: timing, NVTX, memory, exporters; and the switches.
+
+    Example:
+        >>> import gpuprobe
+        >>> sorted(gpuprobe.info())[:3]
+        ['device', 'disabled_by_env', 'enabled']
+    """
+    from . import _probe
+    from .collector import runtime
+
+    rt = runtime()
+    rt.backends()
+    return {
+        "version": __version__,
+        "enabled": is_enabled(),
+        "disabled_by_env": _probe._DISABLED_AT_IMPORT,
+        "timing": "host" + (f"+{rt.timer.name}" if rt.timer is not None else ""),
+        "nvtx": rt.nvtx.name,
+        "memory": "cuda-allocator" if rt.device.startswith("cuda") else "process-rss",
+        "device": rt.device,
+        "rank": rt.cfg.rank,
+        "exporters": [repr(getattr(e, "server", e)) for e in rt.exporters],
+    }
+
+
+def step() -> int:
+    """Count one generation step (the transformers integration does this for you); returns its index.
+
+    Example:
+        >>> import gpuprobe
+        >>> i = gpuprobe.step()
+    """
+    from .collector import runtime
+
+    return runtime().step()

@@ -1,0 +1,344 @@
+"""gpuprobe's own aggregates: fixed-bucket histograms, counters, up-down counters and gauges.
+
+Nothing here imports an exporter library. Values arrive as records ``(child, value)`` drained from
+per-thread buffers (see :mod:`gpuprobe.collector`) and are applied under the collector's lock, so a
+child is only ever mutated by one thread at a time. Exporters read :meth:`Registry.snapshot`.
+
+Durations are recorded in integer nanoseconds (what ``perf_counter_ns`` gives) and exposed in seconds:
+a family's ``scale`` turns raw values into the unit, and its bucket bounds are pre-scaled to raw units
+so the hot comparison is integer against integer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+__all__ = [
+    "MetricSpec",
+    "SPECS",
+    "Registry",
+    "Family",
+    "OTHER",
+    "prometheus_name",
+    "prometheus_label",
+]
+
+OTHER = "other"
+
+# Bucket boundaries (seconds or tokens), from docs/metrics.md.
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0)
+STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+REQUEST_BUCKETS = tuple(round(0.01 * 2**i, 2) for i in range(16))  # 0.01 … 327.68, doubling
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+PROBE_BUCKETS = (0.000001, 0.0000025, 0.000005, 0.00001, 0.000025, 0.00005) + STEP_BUCKETS + (5.0, 10.0, 30.0, 60.0)
+
+NS = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricSpec:
+    """What one metric is: its OpenTelemetry name, instrument, unit, buckets and raw-value scale."""
+
+    name: str
+    instrument: str  # histogram | counter | updown | gauge
+    unit: str
+    description: str
+    buckets: tuple[float, ...] | None = None
+    scale: float = 1.0  # raw value * scale = value in ``unit``
+
+
+def _spec(*args: Any, **kwargs: Any) -> tuple[str, MetricSpec]:
+    spec = MetricSpec(*args, **kwargs)
+    return spec.name, spec
+
+
+SPECS: dict[str, MetricSpec] = dict(
+    [
+        _spec("gen_ai.server.time_to_first_token", "histogram", "s",
+              "Time from the generate() call to the first new token selected", TTFT_BUCKETS, NS),
+        _spec("gen_ai.server.time_per_output_token", "histogram", "s",
+              "Inter-token latency: one sample per decode step", STEP_BUCKETS, NS),
+        _spec("gen_ai.server.request.duration", "histogram", "s",
+              "Duration of a whole generate() call", REQUEST_BUCKETS, NS),
+        _spec("gen_ai.client.token.usage", "histogram", "{token}",
+              "Input and output tokens per generate() call", TOKEN_BUCKETS),
+        _spec("gpuprobe.step.duration", "histogram", "s",
+              "Forward step time by phase (prefill/decode) and clock (host/device)", STEP_BUCKETS, NS),
+        _spec("gpuprobe.step.component.duration", "histogram", "s",
+              "Time of each part of a generation step", STEP_BUCKETS, NS),
+        _spec("gpuprobe.layer.duration", "histogram", "s",
+              "Decoder layer forward time, sampled every N steps", STEP_BUCKETS, NS),
+        _spec("gpuprobe.probe.duration", "histogram", "s",
+              "Duration of a @probe / with probe() region", PROBE_BUCKETS, NS),
+        _spec("gpuprobe.probe.errors", "counter", "{error}", "Exceptions raised inside a probe"),
+        _spec("gpuprobe.step.batch_size", "histogram", "{sequence}", "Sequences per generate() call", BATCH_BUCKETS),
+        _spec("gpuprobe.generate.active", "updown", "{request}", "generate() calls in flight"),
+        _spec("gpuprobe.memory.allocated", "gauge", "By", "Memory allocated (CUDA allocator, or process RSS on CPU)"),
+        _spec("gpuprobe.memory.reserved", "gauge", "By", "Memory reserved by the CUDA caching allocator"),
+        _spec("gpuprobe.memory.peak", "gauge", "By", "High-water mark of allocated memory since the last reset"),
+        _spec("gpuprobe.kv_cache.memory", "gauge", "By", "Bytes held by the KV cache object"),
+        _spec("gpuprobe.kv_cache.sequence_length", "gauge", "{token}", "Sequence length held by the KV cache"),
+        _spec("gpuprobe.kernel.time", "counter", "s", "GPU kernel time by category, from sampled profiling", None),
+        _spec("gpuprobe.kernel.launches", "counter", "{launch}", "Kernel launches by category, from sampled profiling"),
+        _spec("gpuprobe.telemetry.dropped", "counter", "{record}", "Telemetry records dropped, by reason"),
+    ]
+)
+
+_UNIT_SUFFIX = {"s": "seconds", "By": "bytes", "ms": "milliseconds", "1": "ratio"}
+
+
+def prometheus_name(spec: MetricSpec) -> str:
+    """The Prometheus family name of a metric, following the OpenTelemetry-to-Prometheus rules.
+
+    Dots become underscores, the unit becomes a suffix (``s`` → ``_seconds``, ``By`` → ``_bytes``,
+    annotations in braces are dropped), and ``_total`` is added for counters by the exposition.
+
+    Example:
+        >>> prometheus_name(SPECS["gen_ai.server.time_to_first_token"])
+        'gen_ai_server_time_to_first_token_seconds'
+    """
+    base = prometheus_label(spec.name)
+    suffix = _UNIT_SUFFIX.get(spec.unit)
+    if spec.unit == "1" and spec.instrument != "gauge":
+        suffix = None
+    if suffix and not base.endswith("_" + suffix):
+        base = f"{base}_{suffix}"
+    return base
+
+
+def prometheus_label(name: str) -> str:
+    """An attribute or metric name with every character Prometheus rejects turned into ``_``."""
+    out = "".join(c if (c.isascii() and (c.isalnum() or c == "_")) else "_" for c in name)
+    return "_" + out if out[:1].isdigit() else out
+
+
+Labels = tuple[tuple[str, str], ...]
+Sink = Callable[[str, Labels, float], None]
+
+
+class Child:
+    """One series: a family plus one set of label values."""
+
+    __slots__ = ("family", "labels")
+
+    def __init__(self, family: Family, labels: Labels) -> None:
+        self.family = family
+        self.labels = labels
+
+    def apply(self, value: Any) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class HistogramChild(Child):
+    """A fixed-bucket histogram; ``counts[i]`` counts values in ``(bounds[i-1], bounds[i]]``."""
+
+    __slots__ = ("bounds", "counts", "sum", "count", "min", "max")
+
+    def __init__(self, family: Family, labels: Labels) -> None:
+        super().__init__(family, labels)
+        self.bounds = family.raw_bounds
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum: float = 0
+        self.count = 0
+        self.min: float = float("inf")
+        self.max: float = float("-inf")
+
+    def apply(self, value: Any) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+        sinks = self.family.sinks
+        if sinks:
+            scaled = value * self.family.spec.scale
+            for sink in sinks:
+                sink(self.family.spec.name, self.labels, scaled)
+
+
+class CounterChild(Child):
+    """A monotonic counter (also used for up-down counters, which may go down)."""
+
+    __slots__ = ("value", "touched")
+
+    def __init__(self, family: Family, labels: Labels) -> None:
+        super().__init__(family, labels)
+        self.value: float = 0
+        self.touched = False  # series appear once something was recorded
+
+    def apply(self, value: Any) -> None:
+        self.value += value
+        self.touched = True
+        sinks = self.family.sinks
+        if sinks:
+            for sink in sinks:
+                sink(self.family.spec.name, self.labels, value * self.family.spec.scale)
+
+
+class GaugeChild(CounterChild):
+    """A gauge: the last value set wins."""
+
+    __slots__ = ()
+
+    def apply(self, value: Any) -> None:
+        self.value = value
+        self.touched = True
+        sinks = self.family.sinks
+        if sinks:
+            for sink in sinks:
+                sink(self.family.spec.name, self.labels, value * self.family.spec.scale)
+
+
+_CHILD = {"histogram": HistogramChild, "counter": CounterChild, "updown": CounterChild, "gauge": GaugeChild}
+
+
+class Family:
+    """All series of one metric. :meth:`child` is called when a probe or step is prepared, never per call."""
+
+    def __init__(self, spec: MetricSpec, registry: Registry) -> None:
+        self.spec = spec
+        self.registry = registry
+        self.sinks = registry.sinks  # shared list: observers of every applied value
+        self.raw_bounds: list[float] = [b / spec.scale for b in spec.buckets] if spec.buckets else []
+        if spec.scale == NS:
+            # Why: integer-vs-integer comparison in bisect is ~2x faster than mixed int/float.
+            self.raw_bounds = [round(b / spec.scale) for b in spec.buckets or ()]
+        self.children: dict[Labels, Child] = {}
+        self._seen: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def child(self, **labels: Any) -> Child:
+        """The series for these label values (created once; values past the cap fold into ``other``).
+
+        Example:
+            >>> reg = Registry()
+            >>> c = reg.family("gpuprobe.probe.errors").child(probe="load", **{"error.type": "KeyError"})
+        """
+        key = tuple(sorted((k, str(v)) for k, v in labels.items()))
+        found = self.children.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            cap = self.registry.max_label_values
+            folded = []
+            for k, v in key:
+                seen = self._seen.setdefault(k, set())
+                if v not in seen:
+                    if len(seen) >= cap:
+                        v = OTHER
+                    seen.add(v)
+                folded.append((k, v))
+            key2 = tuple(folded)
+            found = self.children.get(key2)
+            if found is None:
+                found = _CHILD[self.spec.instrument](self, key2)
+                self.children[key2] = found
+            self.children[key] = found
+            return found
+
+    def series(self) -> list[Child]:
+        """Distinct series (a folded key and its original map to one child)."""
+        seen: dict[int, Child] = {}
+        for c in list(self.children.values()):
+            seen.setdefault(id(c), c)
+        return list(seen.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One series at collection time, in the metric's unit."""
+
+    labels: dict[str, str]
+    value: float = 0.0  # counters, gauges
+    count: int = 0  # histograms
+    sum: float = 0.0
+    bucket_counts: tuple[int, ...] = ()  # per bucket, not cumulative; last is +Inf
+    min: float = 0.0
+    max: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricData:
+    """One metric at collection time."""
+
+    spec: MetricSpec
+    points: list[Point]
+
+
+class Registry:
+    """The families of one process; :meth:`snapshot` copies them for exporters."""
+
+    def __init__(self, max_label_values: int = 100) -> None:
+        self.max_label_values = max_label_values
+        self.sinks: list[Sink] = []
+        self.families: dict[str, Family] = {}
+        self._lock = threading.Lock()
+        self.const_labels: dict[str, str] = {}
+
+    def family(self, name: str) -> Family:
+        """The family for a metric in :data:`SPECS`."""
+        fam = self.families.get(name)
+        if fam is None:
+            with self._lock:
+                fam = self.families.get(name)
+                if fam is None:
+                    spec = SPECS.get(name)
+                    if spec is None:
+                        raise KeyError(f"gpuprobe has no metric named {name!r}")
+                    fam = Family(spec, self)
+                    self.families[name] = fam
+        return fam
+
+    def zero(self) -> None:
+        """Set every series back to zero in place (prepared children stay valid)."""
+        for fam in list(self.families.values()):
+            for child in fam.series():
+                if isinstance(child, HistogramChild):
+                    child.counts = [0] * len(child.counts)
+                    child.sum = 0
+                    child.count = 0
+                    child.min = float("inf")
+                    child.max = float("-inf")
+                else:
+                    child.value = 0  # type: ignore[attr-defined]
+                    child.touched = False  # type: ignore[attr-defined]
+
+    def snapshot(self, names: Iterable[str] | None = None) -> list[MetricData]:
+        """Copy every series (call under the collector's lock for a consistent view)."""
+        out = []
+        for name in list(self.families if names is None else names):
+            fam = self.families.get(name)
+            if fam is None:
+                continue
+            scale = fam.spec.scale
+            points = []
+            for child in fam.series():
+                labels = dict(self.const_labels)
+                labels.update(child.labels)
+                if isinstance(child, HistogramChild):
+                    if child.count == 0:
+                        continue
+                    points.append(Point(labels, count=child.count, sum=child.sum * scale,
+                                        bucket_counts=tuple(child.counts), min=child.min * scale,
+                                        max=child.max * scale))
+                elif child.touched:  # type: ignore[attr-defined]
+                    points.append(Point(labels, value=child.value * scale))  # type: ignore[attr-defined]
+            if points:
+                out.append(MetricData(fam.spec, points))
+        return out
+
+
+def cumulative(counts: Sequence[int]) -> list[int]:
+    """Per-bucket counts → cumulative counts (Prometheus ``le`` semantics)."""
+    total, out = 0, []
+    for c in counts:
+        total += c
+        out.append(total)
+    return out

@@ -1,0 +1,56 @@
+"""Command line: ``python -m gpuprobe demo|report|diff|dashboard|info``.
+
+Each subcommand lives in its own module and is imported only when asked for, so ``gpuprobe info``
+works with no optional dependency installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+__all__ = ["main"]
+
+_COMMANDS = {
+    "demo": ("gpuprobe.demo", "main", "run a tiny model's generate() with probes on and serve live metrics"),
+    "report": ("gpuprobe.report.cli", "main_report", "summarize a kineto (.json/.json.gz) or nsys (.sqlite) trace"),
+    "diff": ("gpuprobe.report.cli", "main_diff", "compare two traces side by side"),
+    "dashboard": ("gpuprobe.dashboards", "main", "write the Grafana dashboards / print scrape configs"),
+    "info": (None, None, "show which timing, NVTX and export backends are active"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: python -m gpuprobe COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in _COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand; returns its exit status (2 for bad usage).
+
+    Example:
+        >>> main(["info"])  # doctest: +SKIP
+        0
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in _COMMANDS:
+        print(f"gpuprobe: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, func, _ = _COMMANDS[name]
+    if module is None:
+        import gpuprobe
+
+        print(json.dumps(gpuprobe.info(), indent=2))
+        return 0
+    try:
+        entry = getattr(importlib.import_module(module), func)
+    except ImportError as exc:
+        print(f"gpuprobe {name}: {exc}", file=sys.stderr)
+        return 2
+    return int(entry(rest) or 0)

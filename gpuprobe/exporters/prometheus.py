@@ -1,0 +1,170 @@
+"""Prometheus exposition: a custom ``prometheus_client`` collector that reads gpuprobe's aggregates at
+scrape time, and :func:`serve`, the /metrics endpoint (127.0.0.1 unless asked otherwise).
+
+Names follow the OpenTelemetry-to-Prometheus rules (see :func:`gpuprobe._metrics.prometheus_name`),
+so a dashboard written against an OTel Collector's Prometheus exporter reads the same series.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from .._metrics import MetricData, cumulative, prometheus_label, prometheus_name
+from ..collector import Runtime, runtime
+from ..errors import ConfigError, missing
+
+try:
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.core import Metric
+    from prometheus_client.utils import floatToGoString
+except ImportError as exc:  # pragma: no cover - exercised without the extra installed
+    raise missing("prometheus_client", "prometheus") from exc
+
+__all__ = ["GpuprobeCollector", "serve", "Server", "to_metrics"]
+
+_TYPES = {"histogram": "histogram", "counter": "counter", "updown": "gauge", "gauge": "gauge"}
+
+
+def to_metrics(data: list[MetricData]) -> Iterator[Metric]:
+    """Turn a :meth:`Registry.snapshot` into ``prometheus_client`` metric families."""
+    for md in data:
+        spec = md.spec
+        name = prometheus_name(spec)
+        typ = _TYPES[spec.instrument]
+        fam = Metric(name, f"{spec.description} ({spec.name}, unit {spec.unit})", typ)
+        for p in md.points:
+            labels = {prometheus_label(k): v for k, v in p.labels.items()}
+            if typ == "histogram":
+                bounds = spec.buckets or ()
+                for le, c in zip([*bounds, float("inf")], cumulative(p.bucket_counts)):
+                    fam.add_sample(name + "_bucket", {**labels, "le": floatToGoString(le)}, c)
+                fam.add_sample(name + "_count", labels, p.count)
+                fam.add_sample(name + "_sum", labels, p.sum)
+            elif typ == "counter":
+                fam.add_sample(name + "_total", labels, p.value)
+            else:
+                fam.add_sample(name, labels, p.value)
+        yield fam
+
+
+class GpuprobeCollector:
+    """A ``prometheus_client`` collector: each scrape drains buffers and reads the aggregates."""
+
+    def __init__(self, rt: Runtime | None = None) -> None:
+        self._rt = rt
+
+    def collect(self) -> Iterator[Metric]:
+        rt = self._rt or runtime()
+        yield from to_metrics(rt.collect())
+
+    def describe(self) -> list[Any]:
+        return []  # families appear as probes run; no fixed description
+
+
+class Server:
+    """A running /metrics endpoint; :meth:`close` stops it."""
+
+    def __init__(self, httpd: Any, thread: threading.Thread, addr: str, port: int) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        self.addr = addr
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        """The scrape URL."""
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and free the port."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(2)
+
+    # The runtime calls tick()/close() on exporters.
+    def tick(self) -> None:
+        """Nothing to do periodically: scrapes pull."""
+
+    def __repr__(self) -> str:
+        return f"<gpuprobe /metrics at {self.url}>"
+
+
+_servers: dict[tuple[str, int], Server] = {}
+_lock = threading.Lock()
+
+
+def serve(port: int | None = None, addr: str | None = None, *, _rt: Runtime | None = None) -> Server:
+    """Serve gpuprobe's metrics for Prometheus at ``http://addr:port/metrics``.
+
+    Args:
+        port: TCP port; default the ``prometheus_port`` setting (``GPUPROBE_PROMETHEUS_PORT``) or 9464.
+            Under torchrun, ``LOCAL_RANK`` is added (one port per local rank) unless
+            ``port_by_local_rank`` (``GPUPROBE_PORT_BY_LOCAL_RANK``) is off. Port 0 picks a free port.
+        addr: address to bind; default ``127.0.0.1`` (``GPUPROBE_PROMETHEUS_ADDR``).
+
+    Returns:
+        The running :class:`Server` (the same one if already serving there).
+
+    Raises:
+        ConfigError: the port is in use or the address cannot be bound; the message names both and
+            the setting.
+
+    Example:
+        >>> import gpuprobe
+        >>> server = gpuprobe.serve(port=0)
+        >>> server.url.startswith("http://127.0.0.1:")
+        True
+        >>> server.close()
+    """
+    rt = _rt or runtime()
+    cfg = rt.cfg
+    setting = "port=" if port is not None else "GPUPROBE_PROMETHEUS_PORT"
+    if port is None:
+        port = cfg.prometheus_port if cfg.prometheus_port is not None else 9464
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"{setting} must be a TCP port between 0 and 65535, got {port!r}")
+    if port and cfg.port_by_local_rank:
+        port += cfg.local_rank
+    addr = addr or cfg.prometheus_addr
+    with _lock:
+        found = _servers.get((addr, port))
+        if found is not None and port:
+            return found
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(GpuprobeCollector(rt))  # type: ignore[arg-type]
+        try:
+            httpd, thread = start_http_server(port, addr=addr, registry=registry)
+        except OSError as exc:
+            rank = f" (base port + LOCAL_RANK={cfg.local_rank})" if cfg.local_rank and cfg.port_by_local_rank else ""
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"gpuprobe cannot serve /metrics: port {port}{rank} on {addr} is already in use; "
+                    f"choose another with {setting} (or GPUPROBE_PROMETHEUS_PORT)"
+                ) from None
+            raise ConfigError(
+                f"gpuprobe cannot serve /metrics on {addr}:{port}{rank}: {exc.strerror or exc}; "
+                f"check {setting} and GPUPROBE_PROMETHEUS_ADDR"
+            ) from None
+        server = Server(httpd, thread, addr, httpd.server_address[1])
+        _servers[(addr, server.port)] = server
+    rt.exporters.append(_Closer(server))
+    return server
+
+
+class _Closer:
+    """Lets :func:`gpuprobe.collector.reset` stop servers it started."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def tick(self) -> None:
+        return None
+
+    def close(self) -> None:
+        with _lock:
+            _servers.pop((self.server.addr, self.server.port), None)
+        self.server.close()

@@ -1,0 +1,117 @@
+"""Helpers for testing code that uses gpuprobe (and for gpuprobe's own tests).
+
+- :class:`InMemoryExporter` — every observation, as aggregated, kept in a list;
+- :func:`reset` — zero every metric and stop exporters between tests;
+- :mod:`gpuprobe.testing.nvtx_capture` — record NVTX ranges for real through an injection library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from .. import collector, config
+from .._metrics import MetricData
+
+__all__ = ["InMemoryExporter", "Observation", "reset"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """One value as it reached the aggregates (durations in seconds, memory in bytes)."""
+
+    metric: str
+    attrs: dict[str, str]
+    value: float
+
+
+class InMemoryExporter:
+    """Keep every observation in memory; use as a context manager or call :meth:`attach` / :meth:`detach`.
+
+    Example:
+        >>> import gpuprobe
+        >>> from gpuprobe.testing import InMemoryExporter
+        >>> with InMemoryExporter() as exp:
+        ...     with gpuprobe.probe("work"):
+        ...         pass
+        >>> len(exp.values("gpuprobe.probe.duration", probe="work"))
+        1
+    """
+
+    def __init__(self) -> None:
+        self._items: list[Observation] = []
+        self._lock = threading.Lock()
+        self._rt: collector.Runtime | None = None
+
+    def _sink(self, name: str, labels: Any, value: float) -> None:
+        with self._lock:
+            self._items.append(Observation(name, dict(labels), value))
+
+    def attach(self) -> InMemoryExporter:
+        """Start receiving observations."""
+        self._rt = collector.runtime()
+        self._rt.registry.sinks.append(self._sink)
+        return self
+
+    def detach(self) -> None:
+        """Stop receiving (what was received stays)."""
+        if self._rt is not None:
+            self._rt.drain()
+            if self._sink in self._rt.registry.sinks:
+                self._rt.registry.sinks.remove(self._sink)
+            self._rt = None
+
+    def __enter__(self) -> InMemoryExporter:
+        return self.attach()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()
+
+    def observations(self, metric: str | None = None, **attrs: str) -> list[Observation]:
+        """Observations so far (buffers are drained first), filtered by metric name and attributes.
+
+        Attribute keys with dots can be given with underscores: ``error_type`` matches ``error.type``.
+        """
+        if self._rt is not None:
+            self._rt.drain()
+        want = {k: str(v) for k, v in attrs.items()}
+        with self._lock:
+            items = list(self._items)
+        out = []
+        for ob in items:
+            if metric is not None and ob.metric != metric:
+                continue
+            if all(ob.attrs.get(k, ob.attrs.get(k.replace("_", "."))) == v for k, v in want.items()):
+                out.append(ob)
+        return out
+
+    def values(self, metric: str, **attrs: str) -> list[float]:
+        """The values of :meth:`observations`."""
+        return [ob.value for ob in self.observations(metric, **attrs)]
+
+    def metrics(self) -> list[MetricData]:
+        """The aggregates, as exporters see them."""
+        return collector.collect()
+
+    def clear(self) -> None:
+        """Forget what was received."""
+        with self._lock:
+            self._items.clear()
+
+
+def reset(**settings: Any) -> None:
+    """Zero every metric, stop exporters, re-enable probes and re-read settings from the environment.
+
+    Args:
+        **settings: settings to apply on top of the environment (the keywords of :class:`gpuprobe.Config`).
+
+    Example:
+        >>> from gpuprobe.testing import reset
+        >>> reset()
+    """
+    from .. import _probe
+
+    cfg = config.replace(config.load(), **settings) if settings else config.load()
+    collector.reset(cfg)
+    _probe.enable()

@@ -1,0 +1,336 @@
+"""Behaviour of probe() in every form: names, errors, nesting, threads, sampling, switches."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+import gpuprobe
+from gpuprobe import ConfigError, probe
+from gpuprobe.testing import InMemoryExporter
+
+from conftest import run_python
+
+DUR = "gpuprobe.probe.duration"
+
+
+def test_bare_decorator_names_the_probe_after_the_qualname(exporter: InMemoryExporter) -> None:
+    class Model:
+        @probe
+        def forward(self, x: int) -> int:
+            return x * 2
+
+    assert Model().forward(4) == 8
+    obs = exporter.observations(DUR)
+    assert [o.attrs["probe"] for o in obs] == ["test_bare_decorator_names_the_probe_after_the_qualname.<locals>.Model.forward"]
+    assert obs[0].attrs["kind"] == "user" and obs[0].attrs["clock"] == "host"
+    assert obs[0].value > 0
+
+
+def test_named_decorator_carries_kind_and_attrs(exporter: InMemoryExporter) -> None:
+    @probe("decode", kind="step", attrs={"model": "tiny", "batch": 4})
+    def decode() -> str:
+        return "ok"
+
+    assert decode() == "ok"
+    (ob,) = exporter.observations(DUR, probe="decode")
+    assert ob.attrs["kind"] == "step" and ob.attrs["model"] == "tiny" and ob.attrs["batch"] == "4"
+
+
+def test_decorator_keeps_function_metadata() -> None:
+    @probe
+    def documented(a: int) -> int:
+        """Docs."""
+        return a
+
+    assert documented.__name__ == "documented" and documented.__doc__ == "Docs."
+    assert documented.__wrapped__(3) == 3
+
+
+def test_context_manager_measures_the_block(exporter: InMemoryExporter) -> None:
+    import time
+
+    with probe("sleepy"):
+        time.sleep(0.02)
+    (value,) = exporter.values(DUR, probe="sleepy")
+    assert 0.015 < value < 1.0
+
+
+def test_exception_propagates_unchanged_and_is_counted(exporter: InMemoryExporter) -> None:
+    err = KeyError("missing")
+
+    @probe("lookup")
+    def lookup() -> None:
+        raise err
+
+    with pytest.raises(KeyError) as info:
+        lookup()
+    assert info.value is err
+    assert exporter.values("gpuprobe.probe.errors", probe="lookup", error_type="KeyError") == [1]
+    assert len(exporter.values(DUR, probe="lookup")) == 1  # the failed call is still timed
+
+
+def test_exception_in_with_block_is_counted_and_not_swallowed(exporter: InMemoryExporter) -> None:
+    with pytest.raises(ZeroDivisionError):
+        with probe("div"):
+            1 / 0  # noqa: B018
+    assert exporter.values("gpuprobe.probe.errors", probe="div", error_type="ZeroDivisionError") == [1]
+
+
+def test_async_function_range_spans_the_awaited_body_not_creation(exporter: InMemoryExporter) -> None:
+    @probe("fetch")
+    async def fetch() -> int:
+        await asyncio.sleep(0.03)
+        return 7
+
+    coro = fetch()
+    assert exporter.values(DUR, probe="fetch") == []  # creating the coroutine records nothing
+    assert asyncio.run(coro) == 7
+    (value,) = exporter.values(DUR, probe="fetch")
+    assert value >= 0.025
+
+
+def test_async_exception_is_counted(exporter: InMemoryExporter) -> None:
+    @probe("afail")
+    async def afail() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("x")
+
+    with pytest.raises(ValueError):
+        asyncio.run(afail())
+    assert exporter.values("gpuprobe.probe.errors", probe="afail", error_type="ValueError") == [1]
+
+
+def test_async_with_block(exporter: InMemoryExporter) -> None:
+    async def main() -> None:
+        async with probe("ablock"):
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert len(exporter.values(DUR, probe="ablock")) == 1
+
+
+def test_generator_range_spans_first_next_to_exhaustion(exporter: InMemoryExporter) -> None:
+    import time
+
+    @probe("gen")
+    def gen(n: int):  # type: ignore[no-untyped-def]
+        for i in range(n):
+            yield i
+        return "done"
+
+    g = gen(3)
+    time.sleep(0.03)  # before the first next(): not part of the range
+    assert exporter.values(DUR, probe="gen") == []
+    assert next(g) == 0
+    time.sleep(0.02)  # consumer time between items: part of the range
+    assert list(g) == [1, 2]
+    (value,) = exporter.values(DUR, probe="gen")
+    assert 0.015 < value < 0.03
+
+
+def test_generator_return_value_and_send_pass_through() -> None:
+    @probe("echo")
+    def echo():  # type: ignore[no-untyped-def]
+        got = yield "ready"
+        return got * 2
+
+    g = echo()
+    assert next(g) == "ready"
+    with pytest.raises(StopIteration) as stop:
+        g.send(21)
+    assert stop.value.value == 42
+
+
+def test_generator_closed_early_is_timed_and_not_an_error(exporter: InMemoryExporter) -> None:
+    @probe("stream")
+    def stream():  # type: ignore[no-untyped-def]
+        yield from range(100)
+
+    g = stream()
+    next(g)
+    g.close()
+    assert len(exporter.values(DUR, probe="stream")) == 1
+    assert exporter.values("gpuprobe.probe.errors") == []
+
+
+def test_async_generators_are_refused_with_a_clear_error() -> None:
+    async def agen():  # type: ignore[no-untyped-def]
+        yield 1
+
+    with pytest.raises(TypeError, match="async with probe"):
+        probe(agen)
+
+
+def test_nested_probes_each_record(exporter: InMemoryExporter) -> None:
+    @probe("inner")
+    def inner() -> None:
+        pass
+
+    with probe("outer"):
+        inner()
+        inner()
+    assert len(exporter.values(DUR, probe="outer")) == 1
+    assert len(exporter.values(DUR, probe="inner")) == 2
+    assert exporter.values(DUR, probe="outer")[0] >= max(exporter.values(DUR, probe="inner"))
+
+
+def test_shared_context_manager_object_is_safe_across_threads(exporter: InMemoryExporter) -> None:
+    shared = probe("shared")
+    per_thread = 500
+    barrier = threading.Barrier(4)
+
+    def work() -> None:
+        barrier.wait()
+        for _ in range(per_thread):
+            with shared:
+                with shared:  # re-entered on the same thread: its own stack frame
+                    pass
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(exporter.values(DUR, probe="shared")) == 4 * per_thread * 2
+
+
+def test_threads_never_mix_records(exporter: InMemoryExporter) -> None:
+    calls = {f"t{i}": 300 + 17 * i for i in range(6)}
+
+    def work(name: str, n: int) -> None:
+        p = probe(name)
+        for _ in range(n):
+            with p:
+                pass
+
+    threads = [threading.Thread(target=work, args=item) for item in calls.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, n in calls.items():
+        assert len(exporter.values(DUR, probe=name)) == n
+
+
+def test_sampling_every_n_records_one_call_in_n(exporter: InMemoryExporter) -> None:
+    hits = []
+
+    @probe("sampled", every=4)
+    def sampled(i: int) -> int:
+        hits.append(i)
+        return i
+
+    for i in range(40):
+        assert sampled(i) == i
+    assert len(hits) == 40  # every call runs
+    assert len(exporter.values(DUR, probe="sampled")) == 10
+
+
+def test_runtime_disable_and_enable(exporter: InMemoryExporter) -> None:
+    @probe("switch")
+    def switch() -> int:
+        return 1
+
+    gpuprobe.disable()
+    assert not gpuprobe.is_enabled()
+    switch()
+    with probe("switch"):
+        pass
+    assert exporter.values(DUR, probe="switch") == []
+    gpuprobe.enable()
+    switch()
+    assert len(exporter.values(DUR, probe="switch")) == 1
+
+
+def test_disabled_by_env_returns_the_function_itself() -> None:
+    proc = run_python(
+        """
+        import gpuprobe
+        def f(): return 1
+        assert gpuprobe.probe(f) is f
+        assert gpuprobe.probe("x", kind="step")(f) is f
+        with gpuprobe.probe("block"):
+            pass
+        assert gpuprobe.collect() == []
+        assert gpuprobe.info()["disabled_by_env"] is True
+        print("ok")
+        """,
+        env={"GPUPROBE_DISABLE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+def test_probe_inside_torch_compile_does_nothing(exporter: InMemoryExporter) -> None:
+    torch = pytest.importorskip("torch")
+
+    @probe("inside_compiled")
+    def scale(x):  # type: ignore[no-untyped-def]
+        return x * 2
+
+    def fn(x):  # type: ignore[no-untyped-def]
+        return scale(x) + 1
+
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    out = compiled(torch.ones(3))
+    assert torch.equal(out, torch.full((3,), 3.0))
+    assert exporter.values(DUR, probe="inside_compiled") == []
+    scale(torch.ones(1))  # eager call still records
+    assert len(exporter.values(DUR, probe="inside_compiled")) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"every": 0}, "every="),
+        ({"every": 1.5}, "every="),
+        ({"kind": ""}, "kind"),
+        ({"attrs": {"k": object()}}, "attrs="),
+        ({"attrs": {"probe": "x"}}, "reserved key 'probe'"),
+        ({"attrs": ["a"]}, "attrs="),
+    ],
+)
+def test_bad_arguments_raise_config_errors_naming_them(kwargs: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        probe("bad", **kwargs)
+
+
+def test_label_values_past_the_cap_fold_into_other() -> None:
+    from gpuprobe._metrics import Registry
+
+    fam = Registry(max_label_values=3).family(DUR)
+    for i in range(6):
+        fam.child(probe=f"p{i}", kind="user", clock="host").apply(1000)
+    names = sorted(dict(c.labels)["probe"] for c in fam.series())
+    assert names == ["other", "p0", "p1", "p2"]
+    other = next(c for c in fam.series() if dict(c.labels)["probe"] == "other")
+    assert other.count == 3  # type: ignore[attr-defined]
+
+
+def test_memory_readings_are_taken_when_asked(exporter: InMemoryExporter) -> None:
+    @probe("alloc", memory=True)
+    def alloc() -> bytearray:
+        return bytearray(1 << 20)
+
+    alloc()
+    (rss,) = exporter.values("gpuprobe.memory.allocated", device="cpu")
+    (peak,) = exporter.values("gpuprobe.memory.peak", device="cpu")
+    assert 1 << 20 < rss <= peak
+    # on CPU there is no allocator reservation to report
+    assert exporter.values("gpuprobe.memory.reserved") == []
+
+
+def test_memory_off_by_default(exporter: InMemoryExporter) -> None:
+    with probe("nomem"):
+        pass
+    assert exporter.values("gpuprobe.memory.allocated") == []
+
+
+def test_info_names_active_backends() -> None:
+    info = gpuprobe.info()
+    assert info["timing"] == "host"  # no CUDA device here
+    assert info["nvtx"] in ("off", "nvtx", "torch.cuda.nvtx")
+    assert info["enabled"] is True and info["device"] == "cpu"
