@@ -137,26 +137,30 @@ class Child:
 class HistogramChild(Child):
     """A fixed-bucket histogram; ``counts[i]`` counts values in ``(bounds[i-1], bounds[i]]``."""
 
-    __slots__ = ("bounds", "counts", "sum", "count", "min", "max")
+    __slots__ = ("bounds", "counts", "sum", "min", "max", "sinks")
 
     def __init__(self, family: Family, labels: Labels) -> None:
         super().__init__(family, labels)
         self.bounds = family.raw_bounds
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum: float = 0
-        self.count = 0
         self.min: float = float("inf")
         self.max: float = float("-inf")
+        self.sinks = family.sinks  # the registry's shared list, one attribute load away
+
+    @property
+    def count(self) -> int:
+        """Values recorded (derived from the buckets: one store fewer per value when aggregating)."""
+        return sum(self.counts)
 
     def apply(self, value: Any) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
-        self.count += 1
-        if value < self.min:
-            self.min = value
         if value > self.max:
             self.max = value
-        sinks = self.family.sinks
+        if value < self.min:
+            self.min = value
+        sinks = self.sinks
         if sinks:
             scaled = value * self.family.spec.scale
             for sink in sinks:
@@ -303,7 +307,6 @@ class Registry:
                 if isinstance(child, HistogramChild):
                     child.counts = [0] * len(child.counts)
                     child.sum = 0
-                    child.count = 0
                     child.min = float("inf")
                     child.max = float("-inf")
                 else:
@@ -323,9 +326,10 @@ class Registry:
                 labels = dict(self.const_labels)
                 labels.update(child.labels)
                 if isinstance(child, HistogramChild):
-                    if child.count == 0:
+                    count = child.count
+                    if count == 0:
                         continue
-                    points.append(Point(labels, count=child.count, sum=child.sum * scale,
+                    points.append(Point(labels, count=count, sum=child.sum * scale,
                                         bucket_counts=tuple(child.counts), min=child.min * scale,
                                         max=child.max * scale))
                 elif child.touched:  # type: ignore[attr-defined]

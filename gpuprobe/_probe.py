@@ -79,22 +79,20 @@ def is_enabled() -> bool:
     return _on and not _DISABLED_AT_IMPORT
 
 
-def _not_compiling() -> bool:
-    return False
-
-
 def _is_compiling_lazy() -> bool:
-    # torch may be imported after gpuprobe: bind torch.compiler.is_compiling the first time it is there.
+    # torch may be imported after gpuprobe: bind the check the first time torch is there.
     global _is_compiling
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "compiler"):
         return False
-    _is_compiling = torch.compiler.is_compiling
+    # Why is_dynamo_compiling: it is a bare `return False` in eager (~25 ns) where is_compiling()
+    # makes two calls (~100 ns); Dynamo constant-folds both to True while tracing.
+    _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
     return _is_compiling()  # type: ignore[no-any-return]
 
 
-# Dynamo constant-folds torch.compiler.is_compiling() to True while tracing, so a probe inside a
-# compiled region does nothing and adds no graph breaks.
+# Inside a region Dynamo compiles, the check is folded to True, so a probe does nothing and adds no
+# graph breaks.
 _is_compiling: Callable[[], bool] = _is_compiling_lazy
 
 _ATTR_TYPES = (str, int, float, bool)
@@ -271,48 +269,121 @@ class Probe:
         return f"probe({self.name!r}, kind={self.kind!r})"
 
 
+_SYNC_BODY = """
+def _gp_factory(_gp_fn, _gp_site, _gp_defaults, _gp_kwdefaults, _gp_use_nvtx, _gp_push, _gp_pop, _gp_handle,
+                _gp_timer, _gp_host, _gp_device, _gp_pending, _gp_tls, _gp_new_buffer, _gp_drain, _gp_limit,
+                _gp_sampled, _gp_memory):
+    def wrapper({params}):
+        if not _on or _is_compiling() or (_gp_sampled and _gp_site._skip()):
+            return _gp_fn({call})
+        if _gp_use_nvtx:
+            _gp_push(_gp_handle)
+        _gp_tok = _gp_timer.start() if _gp_timer is not None else None
+        _gp_t0 = perf_counter_ns()
+        try:
+            return _gp_fn({call})
+        except BaseException as _gp_exc:
+            _gp_site._error(_gp_exc)
+            raise
+        finally:
+            _gp_dt = perf_counter_ns() - _gp_t0
+            try:
+                # Why inline: a method call per probe costs ~60 ns, a third of the hot path.
+                _gp_records = _gp_tls.buf.records
+            except AttributeError:
+                _gp_records = _gp_new_buffer()
+            if _gp_tok is not None:
+                _gp_records.append((_gp_pending, (_gp_device, _gp_timer.stop(_gp_tok))))
+            if _gp_use_nvtx:
+                _gp_pop()
+            if _gp_memory:
+                _gp_site._read_memory()
+            _gp_records.append((_gp_host, _gp_dt))
+            if len(_gp_records) >= _gp_limit:
+                _gp_drain()
+    return wrapper
+"""
+
+_factories: dict[tuple[str, str], Callable[..., Any]] = {}
+
+
+def _signature_source(fn: Callable[..., Any]) -> tuple[str, str, tuple[Any, ...], dict[str, Any]]:
+    """The wrapper's parameter list and call expression, copying ``fn``'s own signature.
+
+    Why: a ``(*args, **kwargs)`` wrapper costs ~180 ns per call in packing and unpacking; one with
+    the same parameters as ``fn`` costs ~45 ns (measured on CPython 3.11), which is what keeps a
+    run-time-disabled probe within 100 ns of a bare call.
+    """
+    generic = ("*_gp_args, **_gp_kwargs", "*_gp_args, **_gp_kwargs", (), {})
+    if not inspect.isfunction(fn):
+        return generic
+    try:
+        sig = inspect.signature(fn, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return generic
+    params: list[str] = []
+    call: list[str] = []
+    defaults: list[Any] = []
+    kwdefaults: dict[str, Any] = {}
+    saw_star = False
+    positional_only = False
+    for p in sig.parameters.values():
+        name = p.name
+        if name.startswith("_gp_") or not name.isidentifier():
+            return generic
+        if p.kind is not p.POSITIONAL_ONLY and positional_only:
+            params.append("/")
+            positional_only = False
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            positional_only = p.kind is p.POSITIONAL_ONLY
+            if p.default is not p.empty:
+                params.append(f"{name}=_gp_defaults[{len(defaults)}]")
+                defaults.append(p.default)
+            else:
+                params.append(name)
+            call.append(name)
+        elif p.kind is p.VAR_POSITIONAL:
+            saw_star = True
+            params.append(f"*{name}")
+            call.append(f"*{name}")
+        elif p.kind is p.KEYWORD_ONLY:
+            if not saw_star:
+                params.append("*")
+                saw_star = True
+            if p.default is not p.empty:
+                params.append(f"{name}=_gp_kwdefaults[{name!r}]")
+                kwdefaults[name] = p.default
+            else:
+                params.append(name)
+            call.append(f"{name}={name}")
+        else:  # VAR_KEYWORD
+            params.append(f"**{name}")
+            call.append(f"**{name}")
+    if positional_only:
+        params.append("/")
+    return ", ".join(params), ", ".join(call), tuple(defaults), kwdefaults
+
+
 def _wrap_sync(fn: Callable[..., Any], site: Probe) -> Callable[..., Any]:
     rt = site.rt
     nv = rt.nvtx
-    use_nvtx, push, pop, handle = nv.enabled, nv.push, nv.pop, site.handle
-    timer = rt.timer
-    host, device, pending = site.host, site.device, rt.pending_target
-    tls, new_buffer, drain, limit = rt._tls, rt.buffer, rt.drain, rt.cfg.buffer_size
-    sampled = site.every > 1
-    with_memory = site.memory
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not _on or _is_compiling() or (sampled and site._skip()):
-            return fn(*args, **kwargs)
-        if use_nvtx:
-            push(handle)
-        tok = timer.start() if timer is not None else None
-        t0 = perf_counter_ns()
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as exc:
-            site._error(exc)
-            raise
-        finally:
-            dt = perf_counter_ns() - t0
-            try:
-                # Why inline: a method call per probe costs ~60 ns, a third of the hot path.
-                records = tls.buf.records
-            except AttributeError:
-                records = new_buffer()
-            if tok is not None:
-                records.append((pending, (device, timer.stop(tok))))  # type: ignore[union-attr]
-            if use_nvtx:
-                pop()
-            if with_memory:
-                site._read_memory()
-            records.append((host, dt))
-            if len(records) >= limit:
-                drain()
-
+    params, call, defaults, kwdefaults = _signature_source(fn)
+    factory = _factories.get((params, call))
+    if factory is None:
+        namespace: dict[str, Any] = {}
+        # The factory's globals are this module's, so `_on` and `_is_compiling` are read live.
+        exec(compile(_SYNC_BODY.format(params=params, call=call), f"<gpuprobe wrapper {fn.__qualname__}>", "exec"),
+             globals(), namespace)
+        factory = namespace["_gp_factory"]
+        _factories[(params, call)] = factory
+    wrapper = factory(
+        fn, site, defaults, kwdefaults, nv.enabled, nv.push, nv.pop, site.handle, rt.timer, site.host.apply,
+        site.device, rt.pending_target.apply, rt._tls, rt.buffer, rt.drain, rt.cfg.buffer_size,
+        site.every > 1, site.memory,
+    )
+    functools.update_wrapper(wrapper, fn)
     wrapper.__gpuprobe__ = site  # type: ignore[attr-defined]
-    return wrapper
+    return wrapper  # type: ignore[no-any-return]
 
 
 def _wrap_async(fn: Callable[..., Any], site: Probe) -> Callable[..., Any]:

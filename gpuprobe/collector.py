@@ -29,7 +29,7 @@ from ._metrics import Child, Family, MetricData, Registry
 
 __all__ = ["Runtime", "runtime", "collect", "reset"]
 
-Record = tuple[Any, Any]
+Record = tuple[Callable[[Any], None], Any]
 
 
 class _PendingTarget:
@@ -113,9 +113,9 @@ class Runtime:
             return buf.records
 
     def emit(self, target: Any, value: Any) -> None:
-        """Append one record from any thread; aggregates it locally if the buffer is full."""
+        """Append one record ``(target.apply, value)`` from any thread; aggregates locally if the buffer is full."""
         records = self.buffer()
-        records.append((target, value))
+        records.append((target.apply, value))
         if len(records) >= self.cfg.buffer_size:
             self.drain()
 
@@ -131,9 +131,10 @@ class Runtime:
                 records = buf.records
                 popleft = records.popleft
                 for _ in range(len(records)):
-                    target, value = popleft()
+                    # Records hold the bound apply method of their series: no attribute lookup here.
+                    apply, value = popleft()
                     try:
-                        target.apply(value)
+                        apply(value)
                     except Exception as exc:  # a bad record must never stop collection
                         self.warn_once("apply", f"gpuprobe: a record could not be aggregated: {exc!r}")
                     applied += 1

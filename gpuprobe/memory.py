@@ -59,11 +59,17 @@ def _peak_rss() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def _cpu_reading() -> Reading:
+    rss = _rss()
+    # ru_maxrss is updated by the kernel lazily; the current RSS can be ahead of it by a few pages.
+    return rss, None, max(rss, _peak_rss())
+
+
 def pick_reader() -> Callable[[], Reading]:
     """Choose the memory reader once: CUDA allocator counters, or RSS on CPU."""
     torch = _cuda()
     if torch is None:
-        return lambda: (_rss(), None, _peak_rss())
+        return _cpu_reading
     cuda = torch.cuda  # type: ignore[attr-defined]
     alloc, reserved, peak = cuda.memory_allocated, cuda.memory_reserved, cuda.max_memory_allocated
     return lambda: (alloc(), reserved(), peak())

@@ -334,3 +334,41 @@ def test_info_names_active_backends() -> None:
     assert info["timing"] == "host"  # no CUDA device here
     assert info["nvtx"] in ("off", "nvtx", "torch.cuda.nvtx")
     assert info["enabled"] is True and info["device"] == "cpu"
+
+
+_SENTINEL = object()
+
+
+def test_wrappers_keep_every_kind_of_parameter(exporter: InMemoryExporter) -> None:
+    @probe
+    def full(a, b=2, /, c=3, *rest, d, e=_SENTINEL, **extra):  # type: ignore[no-untyped-def]
+        return a, b, c, rest, d, e, extra
+
+    assert full(1, d=4) == (1, 2, 3, (), 4, _SENTINEL, {})
+    assert full(1, 5, 6, 7, 8, d=9, e=10, z=11) == (1, 5, 6, (7, 8), 9, 10, {"z": 11})
+    with pytest.raises(TypeError):
+        full(1)  # d is required, as in the original
+    with pytest.raises(TypeError):
+        full(a=1, d=2)  # a is positional-only, as in the original
+    assert len(exporter.values(DUR, probe=full.__qualname__)) == 2  # the failed binds never entered
+
+
+def test_wrappers_of_parameters_named_like_internals_still_work() -> None:
+    @probe
+    def odd(_gp_fn, fn=1, site=2):  # type: ignore[no-untyped-def]
+        return _gp_fn + fn + site
+
+    assert odd(1) == 4
+
+
+def test_wrapping_a_builtin_or_callable_object_works(exporter: InMemoryExporter) -> None:
+    wrapped = probe("len")(len)
+    assert wrapped([1, 2, 3]) == 3
+
+    class Scorer:
+        def __call__(self, x: int) -> int:
+            return x + 1
+
+    scored = probe("scorer")(Scorer())
+    assert scored(1) == 2
+    assert len(exporter.values(DUR, probe="len")) == 1 and len(exporter.values(DUR, probe="scorer")) == 1

@@ -107,7 +107,9 @@ class JsonlExporter:
         """Writes run on the exporter's own thread."""
 
     def close(self) -> None:
-        """Write what is left, fsync and close the file."""
+        """Write what is left, fsync and close the file (once; later calls do nothing)."""
+        if self._file.closed:
+            return
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(2)

@@ -164,7 +164,9 @@ class OtlpExporter:
         """Pushes run on the exporter's own thread, so a slow endpoint never delays collection."""
 
     def close(self) -> None:
-        """Stop the thread and make a last push of the final aggregates."""
+        """Stop the thread and make a last push of the final aggregates (once; later calls do nothing)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self.timeout + 1)

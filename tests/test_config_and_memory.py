@@ -1,0 +1,126 @@
+"""Settings are parsed strictly; memory readings and snapshots fail clearly without CUDA."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import gpuprobe
+from gpuprobe import ConfigError, GpuprobeError, config, memory
+
+from conftest import run_python
+
+
+@pytest.mark.parametrize(
+    "var, value",
+    [
+        ("GPUPROBE_DISABLE", "maybe"),
+        ("GPUPROBE_MEMORY", "2"),
+        ("GPUPROBE_PROMETHEUS_PORT", "http"),
+        ("GPUPROBE_PROMETHEUS_PORT", "70000"),
+        ("GPUPROBE_OTLP_ENDPOINT", "localhost:4318"),
+        ("GPUPROBE_OTLP_INTERVAL", "0"),
+        ("GPUPROBE_OTLP_INTERVAL", "nan"),
+        ("GPUPROBE_DEVICE_TIMING", "gpu"),
+        ("GPUPROBE_MAX_LABEL_VALUES", "0"),
+        ("GPUPROBE_BUFFER_SIZE", "many"),
+        ("LOCAL_RANK", "-1"),
+    ],
+)
+def test_bad_environment_values_name_the_variable(var: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.load({var: value})
+    assert var in str(info.value) and repr(value) in str(info.value)
+
+
+def test_bad_environment_value_fails_at_import_with_one_clear_line() -> None:
+    proc = run_python("import gpuprobe", env={"GPUPROBE_DISABLE": "perhaps"})
+    assert proc.returncode != 0
+    assert "ConfigError: GPUPROBE_DISABLE must be one of" in proc.stderr and "'perhaps'" in proc.stderr
+
+
+def test_good_environment_values_are_read() -> None:
+    cfg = config.load({"GPUPROBE_MEMORY": "yes", "GPUPROBE_PROMETHEUS_PORT": "9500", "RANK": "3", "LOCAL_RANK": "1",
+                       "GPUPROBE_OTLP_ENDPOINT": "http://127.0.0.1:4318/v1/metrics"})
+    assert cfg.memory is True and cfg.prometheus_port == 9500 and cfg.rank == 3 and cfg.local_rank == 1
+    assert cfg.otlp_endpoint == "http://127.0.0.1:4318/v1/metrics"
+
+
+def test_configure_rejects_unknown_and_bad_keywords() -> None:
+    with pytest.raises(ConfigError, match="unknown gpuprobe setting 'memroy'"):
+        gpuprobe.configure(memroy=True)
+    with pytest.raises(ConfigError, match="otlp_interval"):
+        gpuprobe.configure(otlp_interval=-1)
+
+
+def test_rank_and_device_label_every_series() -> None:
+    from gpuprobe.testing import reset
+
+    reset(rank=2, local_rank=0)
+    with gpuprobe.probe("ranked"):
+        pass
+    (md,) = [m for m in gpuprobe.collect() if m.spec.name == "gpuprobe.probe.duration"]
+    assert all(p.labels["gpuprobe.rank"] == "2" and p.labels["gpuprobe.device"] == "cpu" for p in md.points)
+
+
+def test_snapshot_without_cuda_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(GpuprobeError, match=r"memory.snapshot\(\) needs PyTorch with a CUDA device"):
+        memory.snapshot(tmp_path / "snap.pickle")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_snapshot_trigger_without_cuda_warns_once_and_never_raises(tmp_path: Path) -> None:
+    from gpuprobe.testing import reset
+
+    reset(snapshot_at_step=2, snapshot_dir=str(tmp_path))
+    with pytest.warns(RuntimeWarning, match="memory snapshot \\(step2\\) not written"):
+        for _ in range(4):
+            gpuprobe.step()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_write_leaves_nothing_half_written(tmp_path: Path) -> None:
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"previous")
+
+    def failing(tmp: str) -> None:
+        Path(tmp).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        memory.atomic_write(target, failing)
+    assert target.read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
+    memory.atomic_write(target, lambda tmp: Path(tmp).write_bytes(b"new"))
+    assert target.read_bytes() == b"new"
+
+
+def test_cpu_memory_reading_is_process_rss() -> None:
+    allocated, reserved, peak = memory.read()
+    assert reserved is None
+    with open("/proc/self/status") as f:
+        rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    assert abs(allocated - rss_kb * 1024) < 16 * 2**20
+    assert peak >= allocated
+
+
+@pytest.mark.cuda
+def test_cuda_snapshot_is_written_atomically(tmp_path: Path) -> None:
+    import pickle
+
+    import torch
+
+    memory.record_history()
+    x = torch.empty(1 << 20, device="cuda")
+    path = memory.snapshot(tmp_path / "snap.pickle")
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    assert "segments" in snap and x.numel() == 1 << 20
+    assert [p.name for p in tmp_path.iterdir()] == ["snap.pickle"]
+    memory.record_history(False)
+
+
+def test_env_is_not_leaking_into_tests() -> None:
+    assert not any(k.startswith("GPUPROBE_") for k in os.environ)
