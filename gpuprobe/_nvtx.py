@@ -54,7 +54,6 @@ class _PackageBackend(NvtxBackend):
     def __init__(self, domain: Any) -> None:
         self._domain = domain
         self._cats = {kind: domain.get_category_id(kind) for kind in CATEGORIES}
-        self._strings: dict[str, Any] = {}
         self._lock = threading.Lock()
         # Bound once: the hot path calls these directly (no attribute lookups per call).
         self.push = domain.push_range  # type: ignore[method-assign]
@@ -63,17 +62,12 @@ class _PackageBackend(NvtxBackend):
         self.end = domain.end_range  # type: ignore[method-assign]
 
     def prepare(self, message: str, kind: str, payload: int | None = None) -> Any:
-        reg = self._strings.get(message)
-        if reg is None:
-            with self._lock:
-                reg = self._strings.get(message)
-                if reg is None:
-                    reg = self._domain.get_registered_string(message)
-                    self._strings[message] = reg
+        # get_event_attributes registers the message (nvtxDomainRegisterStringA) and caches it.
         cat = self._cats.get(kind)
         if cat is None:
-            cat = self._cats.setdefault(kind, self._domain.get_category_id(kind))
-        return self._domain.get_event_attributes(message=reg, color=_COLORS.get(kind, 0x9C755F),
+            with self._lock:
+                cat = self._cats.setdefault(kind, self._domain.get_category_id(kind))
+        return self._domain.get_event_attributes(message=message, color=_COLORS.get(kind, 0x9C755F),
                                                  category=cat, payload=payload)
 
 
