@@ -127,7 +127,7 @@ class Probe:
 
     __slots__ = (
         "name", "kind", "attrs", "every", "memory", "rt", "handle", "host", "device",
-        "_errors", "_mem", "_n", "_stack",
+        "_errors", "_mem", "_n", "_stack", "_local",
     )
 
     def __init__(self, name: str | None, kind: str = "user", attrs: Mapping[str, Any] | None = None,
@@ -139,6 +139,7 @@ class Probe:
         self.memory = memory
         self._n = 0
         self._stack = threading.local()
+        self._local = threading.local()  # .queue: this thread's queue of host durations
         if name is not None:
             self._bind(runtime())
 
@@ -263,23 +264,25 @@ class Probe:
             self._error(exc)
         if self.memory:
             self._read_memory()
-        rt.emit(self.host, dt)
+        try:
+            queue = self._local.queue
+        except AttributeError:
+            queue = rt.value_queue(self.host, self._local)
+        queue.append(dt)
+        if len(queue) >= rt.cfg.buffer_size:
+            rt.drain()
 
     def __repr__(self) -> str:
         return f"probe({self.name!r}, kind={self.kind!r})"
 
 
 _SYNC_BODY = """
-def _gp_factory(_gp_fn, _gp_site, _gp_defaults, _gp_kwdefaults, _gp_use_nvtx, _gp_push, _gp_pop, _gp_handle,
-                _gp_timer, _gp_host, _gp_device, _gp_pending, _gp_tls, _gp_new_buffer, _gp_drain, _gp_limit,
-                _gp_sampled, _gp_memory):
+def _gp_factory(_gp_fn, _gp_site, _gp_defaults, _gp_kwdefaults, _gp_push, _gp_pop, _gp_handle,
+                _gp_timer, _gp_device, _gp_pending, _gp_local, _gp_host, _gp_new_queue, _gp_drain, _gp_limit):
     def wrapper({params}):
-        if not _on or _is_compiling() or (_gp_sampled and _gp_site._skip()):
+        if not _on or _is_compiling(){sampled_check}:
             return _gp_fn({call})
-        if _gp_use_nvtx:
-            _gp_push(_gp_handle)
-        _gp_tok = _gp_timer.start() if _gp_timer is not None else None
-        _gp_t0 = perf_counter_ns()
+{nvtx_push}{timer_start}        _gp_t0 = perf_counter_ns()
         try:
             return _gp_fn({call})
         except BaseException as _gp_exc:
@@ -287,24 +290,31 @@ def _gp_factory(_gp_fn, _gp_site, _gp_defaults, _gp_kwdefaults, _gp_use_nvtx, _g
             raise
         finally:
             _gp_dt = perf_counter_ns() - _gp_t0
-            try:
-                # Why inline: a method call per probe costs ~60 ns, a third of the hot path.
-                _gp_records = _gp_tls.buf.records
+{timer_stop}{nvtx_pop}{memory}            try:
+                # Why inline, and a bare value: a method call costs ~60 ns and a tuple per record
+                # ~30 ns; the queue belongs to this probe and this thread.
+                _gp_queue = _gp_local.queue
             except AttributeError:
-                _gp_records = _gp_new_buffer()
-            if _gp_tok is not None:
-                _gp_records.append((_gp_pending, (_gp_device, _gp_timer.stop(_gp_tok))))
-            if _gp_use_nvtx:
-                _gp_pop()
-            if _gp_memory:
-                _gp_site._read_memory()
-            _gp_records.append((_gp_host, _gp_dt))
-            if len(_gp_records) >= _gp_limit:
+                _gp_queue = _gp_new_queue(_gp_host, _gp_local)
+            _gp_queue.append(_gp_dt)
+            if len(_gp_queue) >= _gp_limit:
                 _gp_drain()
     return wrapper
 """
 
-_factories: dict[tuple[str, str], Callable[..., Any]] = {}
+# Optional parts of the wrapper, included only when the probe needs them (decided once, when the
+# probe wraps the function, so a call never tests a switch that cannot change).
+_PARTS = {
+    "sampled_check": " or _gp_site._skip()",
+    "nvtx_push": "        _gp_push(_gp_handle)\n",
+    "timer_start": "        _gp_tok = _gp_timer.start()\n",
+    "timer_stop": "            if _gp_tok is not None:\n"
+                  "                _gp_site.rt.emit(_gp_pending, (_gp_device, _gp_timer.stop(_gp_tok)))\n",
+    "nvtx_pop": "            _gp_pop()\n",
+    "memory": "            _gp_site._read_memory()\n",
+}
+
+_factories: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
 
 def _signature_source(fn: Callable[..., Any]) -> tuple[str, str, tuple[Any, ...], dict[str, Any]]:
@@ -368,18 +378,27 @@ def _wrap_sync(fn: Callable[..., Any], site: Probe) -> Callable[..., Any]:
     rt = site.rt
     nv = rt.nvtx
     params, call, defaults, kwdefaults = _signature_source(fn)
-    factory = _factories.get((params, call))
+    wanted = {
+        "sampled_check": site.every > 1,
+        "nvtx_push": nv.enabled,
+        "nvtx_pop": nv.enabled,
+        "timer_start": rt.timer is not None,
+        "timer_stop": rt.timer is not None,
+        "memory": bool(site.memory),
+    }
+    key = (params, call, tuple(sorted(k for k, on in wanted.items() if on)))
+    factory = _factories.get(key)
     if factory is None:
+        parts = {k: (_PARTS[k] if on else "") for k, on in wanted.items()}
+        source = _SYNC_BODY.format(params=params, call=call, **parts)
         namespace: dict[str, Any] = {}
         # The factory's globals are this module's, so `_on` and `_is_compiling` are read live.
-        exec(compile(_SYNC_BODY.format(params=params, call=call), f"<gpuprobe wrapper {fn.__qualname__}>", "exec"),
-             globals(), namespace)
+        exec(compile(source, f"<gpuprobe wrapper {fn.__qualname__}>", "exec"), globals(), namespace)
         factory = namespace["_gp_factory"]
-        _factories[(params, call)] = factory
+        _factories[key] = factory
     wrapper = factory(
-        fn, site, defaults, kwdefaults, nv.enabled, nv.push, nv.pop, site.handle, rt.timer, site.host.apply,
-        site.device, rt.pending_target.apply, rt._tls, rt.buffer, rt.drain, rt.cfg.buffer_size,
-        site.every > 1, site.memory,
+        fn, site, defaults, kwdefaults, nv.push, nv.pop, site.handle, rt.timer, site.device, rt.pending_target,
+        site._local, site.host, rt.value_queue, rt.drain, rt.cfg.buffer_size,
     )
     functools.update_wrapper(wrapper, fn)
     wrapper.__gpuprobe__ = site  # type: ignore[attr-defined]

@@ -61,6 +61,9 @@ class Runtime:
         self.lock = threading.RLock()
         self._tls = threading.local()
         self._buffers: list[_Buffer] = []
+        # Per-thread queues of raw values for one histogram series each (probes' host durations):
+        # (child, queue, owning thread).
+        self._queues: list[tuple[Any, deque[Any], weakref.ref[threading.Thread]]] = []
         self._buffers_lock = threading.Lock()
         self.pending: list[tuple[Child, Any]] = []
         self.pending_target = _PendingTarget(self)
@@ -112,6 +115,18 @@ class Runtime:
                 self._buffers.append(buf)
             return buf.records
 
+    def value_queue(self, child: Any, local: threading.local) -> deque[Any]:
+        """A queue of raw values for ``child`` owned by this thread, stored on ``local.queue``.
+
+        The hot path appends bare values to it (no tuple per record); :meth:`drain` aggregates each
+        queue as a batch with :meth:`HistogramChild.apply_many`.
+        """
+        queue: deque[Any] = deque()
+        local.queue = queue
+        with self._buffers_lock:
+            self._queues.append((child, queue, weakref.ref(threading.current_thread())))
+        return queue
+
     def emit(self, target: Any, value: Any) -> None:
         """Append one record ``(target.apply, value)`` from any thread; aggregates locally if the buffer is full."""
         records = self.buffer()
@@ -143,6 +158,24 @@ class Runtime:
             if dead:
                 with self._buffers_lock:
                     self._buffers = [b for b in self._buffers if b not in dead]
+            with self._buffers_lock:
+                queues = list(self._queues)
+            dead_queues = []
+            for child, queue, thread in queues:
+                n = len(queue)
+                if n:
+                    popleft = queue.popleft
+                    values = [popleft() for _ in range(n)]  # popleft is atomic: appends race safely
+                    try:
+                        child.apply_many(values)
+                    except Exception as exc:
+                        self.warn_once("apply", f"gpuprobe: a record could not be aggregated: {exc!r}")
+                    applied += n
+                elif thread() is None:
+                    dead_queues.append(queue)
+            if dead_queues:
+                with self._buffers_lock:
+                    self._queues = [q for q in self._queues if not any(q[1] is d for d in dead_queues)]
             if self.pending:
                 self._resolve()
         return applied
