@@ -40,3 +40,12 @@ def test_prometheus_names_follow_the_otel_rules() -> None:
     assert names["gpuprobe.memory.allocated"] == "gpuprobe_memory_allocated_bytes"
     assert names["gpuprobe.kernel.time"] == "gpuprobe_kernel_time_seconds"
     assert len(set(names.values())) == len(names)
+
+
+def test_metrics_reference_is_current() -> None:
+    from pathlib import Path
+
+    from gpuprobe._docs import render
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+    assert doc.read_text() == render(), "docs/metrics.md is stale: run python -m gpuprobe._docs > docs/metrics.md"
