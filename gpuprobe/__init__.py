@@ -25,7 +25,7 @@ from ._probe import Probe, disable, enable, is_enabled, probe
 __version__ = "0.1.0"
 
 __all__ = [
-    "probe", "Probe", "serve", "configure", "enable", "disable", "is_enabled", "info", "step", "collect",
+    "probe", "Probe", "serve", "configure", "profile", "enable", "disable", "is_enabled", "info", "step", "collect",
     "memory", "Config", "GpuprobeError", "ConfigError", "MissingDependencyError", "__version__",
 ]
 
@@ -102,6 +102,18 @@ def info() -> dict[str, Any]:
         "rank": rt.cfg.rank,
         "exporters": [repr(getattr(e, "server", e)) for e in rt.exporters],
     }
+
+
+def profile(steps: str | tuple[int, int], **options: Any) -> Any:
+    """Capture generation steps A–B with torch.profiler and/or for nsys; see :func:`gpuprobe.profiling.profile`.
+
+    Example:
+        >>> import gpuprobe
+        >>> window = gpuprobe.profile("100-150", output="decode.json.gz")  # doctest: +SKIP
+    """
+    from .profiling import profile as _profile
+
+    return _profile(steps, **options)
 
 
 def step() -> int:

@@ -309,6 +309,15 @@ def _start_from_config(rt: Runtime) -> None:
                 memory.triggered_snapshot(cfg.snapshot_dir, f"step{idx}")
 
         rt.step_hooks.append(_snap)
+    if cfg.profile_steps is not None:
+        from .profiling import profile
+
+        profile(cfg.profile_steps, output=None if cfg.profile_output == "none" else cfg.profile_output,
+                nsys=cfg.profile_nsys)
+    if cfg.kernel_sampling:
+        from .profiling import KernelSampler
+
+        KernelSampler(cfg.kernel_sampling).attach(rt)
     if cfg.jsonl:
         from .exporters.jsonl import JsonlExporter
 

@@ -21,6 +21,10 @@ raises :class:`~gpuprobe.errors.ConfigError` naming the variable (or keyword) an
 | GPUPROBE_SNAPSHOT_ON_OOM | snapshot_on_oom | 0 | dump a snapshot on ``torch.cuda.OutOfMemoryError`` in a probe |
 | GPUPROBE_SNAPSHOT_DIR | snapshot_dir | . | where triggered snapshots go |
 | GPUPROBE_PORT_BY_LOCAL_RANK | port_by_local_rank | 1 | add LOCAL_RANK to the Prometheus port |
+| GPUPROBE_PROFILE_STEPS | profile_steps | (none) | capture steps A-B with torch.profiler |
+| GPUPROBE_PROFILE_OUTPUT | profile_output | auto | the trace file of that window (.json or .json.gz) |
+| GPUPROBE_PROFILE_NSYS | profile_nsys | 0 | also bracket the window with cudaProfilerStart/Stop |
+| GPUPROBE_KERNEL_SAMPLING | kernel_sampling | 0 | profile one step in N for live kernel categories (0: off) |
 """
 
 from __future__ import annotations
@@ -60,6 +64,10 @@ class Config:
     snapshot_dir: str = "."
     rank: int = 0
     local_rank: int = 0
+    profile_steps: str | None = None
+    profile_output: str = "auto"
+    profile_nsys: bool = False
+    kernel_sampling: int = 0
 
 
 _ENV = {
@@ -79,6 +87,10 @@ _ENV = {
     "snapshot_at_step": "GPUPROBE_SNAPSHOT_AT_STEP",
     "snapshot_on_oom": "GPUPROBE_SNAPSHOT_ON_OOM",
     "snapshot_dir": "GPUPROBE_SNAPSHOT_DIR",
+    "profile_steps": "GPUPROBE_PROFILE_STEPS",
+    "profile_output": "GPUPROBE_PROFILE_OUTPUT",
+    "profile_nsys": "GPUPROBE_PROFILE_NSYS",
+    "kernel_sampling": "GPUPROBE_KERNEL_SAMPLING",
     "rank": "RANK",
     "local_rank": "LOCAL_RANK",
 }
@@ -140,7 +152,21 @@ def _nonempty(name: str, raw: Any) -> str:
 
 
 def _parse(field: str, name: str, raw: Any) -> Any:
-    if field in ("disable", "memory", "snapshot_on_oom", "port_by_local_rank"):
+    if field == "profile_steps":
+        if raw is None:
+            return None
+        from .profiling import parse_steps  # noqa: PLC0415 - the parser lives with its feature
+
+        first, last = parse_steps(raw, name)
+        return f"{first}-{last}"
+    if field == "kernel_sampling":
+        return _int(name, raw, low=0)
+    if field == "profile_output":
+        text = _nonempty(name, raw)
+        if text not in ("auto", "none") and not (text.endswith(".json") or text.endswith(".json.gz")):
+            raise ConfigError(f"{name} must be 'auto', 'none' or a path ending in .json or .json.gz, got {raw!r}")
+        return text
+    if field in ("disable", "memory", "snapshot_on_oom", "port_by_local_rank", "profile_nsys"):
         return _bool(name, raw)
     if field == "device_timing":
         return _choice(name, raw, ("auto", "cuda", "off"))
@@ -206,7 +232,7 @@ def replace(base: Config, **changes: Any) -> Config:
     return dataclasses.replace(base, **parsed)
 
 
-_OPTIONAL = {"prometheus_port", "otlp_endpoint", "jsonl", "snapshot_at_step"}
+_OPTIONAL = {"prometheus_port", "otlp_endpoint", "jsonl", "snapshot_at_step", "profile_steps"}
 
 _current: Config | None = None
 

@@ -1,0 +1,118 @@
+"""Profile windows and live kernel categories, on a real tiny model's forward steps."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+import gpuprobe
+from gpuprobe import ConfigError
+from gpuprobe.profiling import KernelSampler, categorize_events, parse_steps
+from gpuprobe.testing import InMemoryExporter
+
+from conftest import run_python
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "kineto"
+LOCAL = Path(__file__).resolve().parent / "data" / "kineto"
+
+
+@pytest.fixture(scope="module")
+def model():  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def run_steps(model, n: int) -> None:  # type: ignore[no-untyped-def]
+    ids = torch.randint(0, 128, (1, 8))
+    with torch.no_grad():
+        for i in range(n):
+            gpuprobe.step()
+            with torch.profiler.record_function(f"mystep{i}"):
+                model(ids)
+
+
+def trace_names(path: Path) -> set[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        trace = json.load(f)
+    return {e.get("name", "") for e in trace["traceEvents"]}
+
+
+def test_window_captures_exactly_the_asked_steps(model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "window.json.gz"
+    window = gpuprobe.profile("2-3", output=str(out))
+    run_steps(model, 6)
+    assert window.state == "done" and window.path == out
+    names = trace_names(out)
+    assert {n for n in names if n.startswith("mystep")} == {"mystep2", "mystep3"}
+    assert any(n.startswith("aten::") for n in names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["window.json.gz"]  # no temporary left
+
+
+def test_window_still_open_at_exit_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "exit.json"
+    proc = run_python(
+        """
+        import torch, gpuprobe
+        for i in range(4):
+            gpuprobe.step()
+            with torch.profiler.record_function(f"mystep{i}"):
+                torch.ones(4) @ torch.ones(4)
+        """,
+        env={"GPUPROBE_PROFILE_STEPS": "2-100", "GPUPROBE_PROFILE_OUTPUT": str(out)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert {n for n in trace_names(out) if n.startswith("mystep")} == {"mystep2", "mystep3"}
+
+
+@pytest.mark.parametrize("bad", ["", "5-2", "a-b", "1-2-3", "-3"])
+def test_bad_step_ranges_name_the_setting(bad: str) -> None:
+    with pytest.raises(ConfigError, match="GPUPROBE_PROFILE_STEPS"):
+        gpuprobe.config.load({"GPUPROBE_PROFILE_STEPS": bad} if bad else {"GPUPROBE_PROFILE_STEPS": " "})
+
+
+def test_parse_steps() -> None:
+    assert parse_steps("100-150") == (100, 150) and parse_steps(" 7 ") == (7, 7)
+
+
+def test_profile_rejects_bad_output_and_nothing_to_capture() -> None:
+    with pytest.raises(ConfigError, match=".json or .json.gz"):
+        gpuprobe.profile("1-2", output="trace.txt")
+    with pytest.raises(ConfigError, match="needs output="):
+        gpuprobe.profile("1-2", output=None)
+
+
+def test_kernel_sampler_exports_categories_of_one_step_in_n(model, exporter: InMemoryExporter) -> None:  # type: ignore[no-untyped-def]
+    sampler = KernelSampler(every=3).attach()
+    run_steps(model, 10)  # steps 3, 6, 9 are profiled; 9 is finished by detach()
+    sampler.detach()
+    assert sampler.samples == 3
+    launches = exporter.observations("gpuprobe.kernel.launches")
+    cats = {o.attrs["category"] for o in launches}
+    assert "gemm" in cats  # the linear layers
+    per_sample = sum(o.value for o in launches) / 3
+    assert per_sample > 10
+    times = exporter.values("gpuprobe.kernel.time")
+    assert all(t >= 0 for t in times) and sum(times) > 0
+
+
+def test_categorize_events_on_real_gpu_kernels() -> None:
+    src = LOCAL / "hta_sampled_rank-0.json.gz"
+    if not src.exists():
+        src = SHARED / "hta_sampled_rank-0.json.gz"
+    with gzip.open(src, "rt") as f:
+        trace = json.load(f)
+    kernels = [(e["name"], round(float(e["dur"]) * 1000)) for e in trace["traceEvents"]
+               if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    result = categorize_events(kernels)
+    assert sum(c for _, c in result.values()) == len(kernels)
+    assert sum(t for t, _ in result.values()) == sum(d for _, d in kernels)
+    assert "gemm" in result
