@@ -116,3 +116,18 @@ def test_categorize_events_on_real_gpu_kernels() -> None:
     assert sum(c for _, c in result.values()) == len(kernels)
     assert sum(t for t, _ in result.values()) == sum(d for _, d in kernels)
     assert "gemm" in result
+
+
+def test_cpu_self_time_subtracts_children() -> None:
+    from gpuprobe.profiling import _cpu_self_times
+
+    events = [
+        ("aten::linear", 0, 100, 1),
+        ("aten::t", 1, 4, 1),
+        ("aten::matmul", 10, 80, 1),
+        ("aten::mm", 12, 70, 1),
+        ("aten::add", 200, 9, 1),
+        ("aten::mul", 0, 50, 2),  # another thread: independent
+    ]
+    got = dict(_cpu_self_times(events))
+    assert got == {"aten::linear": 16, "aten::matmul": 10, "aten::mm": 70, "aten::add": 9, "aten::mul": 50}
