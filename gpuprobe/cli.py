@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuprobe: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module, func, _ = _COMMANDS[name]
-    if module is None:
+    if module is None or func is None:
         import gpuprobe
 
         print(json.dumps(gpuprobe.info(), indent=2))

@@ -204,7 +204,7 @@ class Runtime:
         with self.lock:
             self.drain()
             timer = self.timer
-            if timer is not None and getattr(timer, "dropped", 0):
+            if timer is not None and int(getattr(timer, "dropped", 0) or 0):
                 child = self._dropped.child(reason="event_pool_exhausted")
                 child.value = timer.dropped  # type: ignore[attr-defined]
                 child.touched = True  # type: ignore[attr-defined]
