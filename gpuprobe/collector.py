@@ -1,6 +1,11 @@
 """The collector: per-thread record buffers, device-time resolution and aggregation.
 
-The hot path appends ``(target, value)`` to its own thread's buffer (a ``deque``: ``append`` and
+The record format is stable: ``(apply, value)``, where ``apply`` is the bound ``apply`` method of a
+series prepared once (``family(name).child(**labels).apply``). Integrations call :meth:`Runtime.emit`
+or append such pairs to :meth:`Runtime.buffer` themselves; probes append bare durations to a
+per-thread queue of their own series (:meth:`Runtime.value_queue`).
+
+The hot path appends a record to its own thread's buffer (a ``deque``: ``append`` and
 ``popleft`` are atomic, so a scrape on another thread never loses or doubles a record). Buffers are
 drained into the aggregates
 

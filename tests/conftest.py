@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 import gpuprobe
 from gpuprobe.testing import InMemoryExporter, reset
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,13 +34,3 @@ def exporter() -> InMemoryExporter:
         yield exp
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter (for import-time behaviour); returns the finished process."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
-    full_env["PYTHONPATH"] = ROOT
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-__all__ = ["run_python", "gpuprobe"]

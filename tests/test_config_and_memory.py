@@ -10,7 +10,7 @@ import pytest
 import gpuprobe
 from gpuprobe import ConfigError, GpuprobeError, config, memory
 
-from conftest import run_python
+from helpers import run_python
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import gpuprobe
 from gpuprobe import ConfigError, probe
 from gpuprobe.exporters.jsonl import JsonlExporter
 
-from conftest import run_python
+from helpers import run_python
 
 
 def test_jsonl_writes_one_whole_line_per_observation(tmp_path: Path) -> None:

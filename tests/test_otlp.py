@@ -157,6 +157,8 @@ def test_slow_endpoint_never_blocks_the_hot_path() -> None:
     # A blocked push would stall a call for ~1 s (the timeout); scheduler noise stays far below that.
     assert worst < 0.2
     exp._stop.set()
+    if exp._thread is not None:
+        exp._thread.join(5)  # let the stuck push time out here, not during a later test
     recv.close()
 
 

@@ -11,7 +11,7 @@ import gpuprobe
 from gpuprobe import ConfigError, probe
 from gpuprobe.testing import InMemoryExporter
 
-from conftest import run_python
+from helpers import run_python
 
 DUR = "gpuprobe.probe.duration"
 

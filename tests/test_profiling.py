@@ -13,7 +13,7 @@ from gpuprobe import ConfigError
 from gpuprobe.profiling import KernelSampler, categorize_events, parse_steps
 from gpuprobe.testing import InMemoryExporter
 
-from conftest import run_python
+from helpers import run_python
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -104,3 +104,15 @@ def test_port_from_environment_adds_local_rank(monkeypatch: pytest.MonkeyPatch) 
     reset(prometheus_port=base - 1, local_rank=1)  # server starts from the settings on reset
     samples = scrape(f"http://127.0.0.1:{base}/metrics")
     assert isinstance(samples, dict)
+
+
+def test_serving_a_port_twice_shares_it_until_the_last_close() -> None:
+    first = gpuprobe.serve(port=0)
+    second = gpuprobe.serve(port=first.port)
+    assert second.port == first.port
+    first.close()
+    first.close()  # closing one handle twice does not release the other
+    assert isinstance(scrape(second.url), dict)  # still served for the second user
+    second.close()
+    with pytest.raises(OSError):
+        scrape(second.url)

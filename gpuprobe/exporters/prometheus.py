@@ -64,14 +64,40 @@ class GpuprobeCollector:
         return []  # families appear as probes run; no fixed description
 
 
-class Server:
-    """A running /metrics endpoint; :meth:`close` stops it."""
+class _Endpoint:
+    """The HTTP server behind one address and port, shared by every :class:`Server` handle on it."""
 
     def __init__(self, httpd: Any, thread: threading.Thread, addr: str, port: int) -> None:
-        self._httpd = httpd
-        self._thread = thread
+        self.httpd = httpd
+        self.thread = thread
         self.addr = addr
         self.port = port
+        self.users = 0
+
+    def release(self) -> None:
+        with _lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            _servers.pop((self.addr, self.port), None)
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(2)
+
+
+class Server:
+    """A handle on a running /metrics endpoint; :meth:`close` releases it.
+
+    :func:`serve` on a port already served in this process hands back a new handle on the same
+    endpoint; the endpoint stops when every handle is closed, so one caller's ``close()`` never
+    stops metrics another caller still serves.
+    """
+
+    def __init__(self, endpoint: _Endpoint) -> None:
+        self._endpoint = endpoint
+        self.addr = endpoint.addr
+        self.port = endpoint.port
+        self._closed = False
 
     @property
     def url(self) -> str:
@@ -80,10 +106,11 @@ class Server:
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
-        """Stop serving and free the port."""
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(2)
+        """Release this handle; the port is freed when the last handle on it is closed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._endpoint.release()
 
     # The runtime calls tick()/close() on exporters.
     def tick(self) -> None:
@@ -93,7 +120,7 @@ class Server:
         return f"<gpuprobe /metrics at {self.url}>"
 
 
-_servers: dict[tuple[str, int], Server] = {}
+_servers: dict[tuple[str, int], _Endpoint] = {}
 _lock = threading.Lock()
 
 
@@ -133,7 +160,8 @@ def serve(port: int | None = None, addr: str | None = None, *, _rt: Runtime | No
     with _lock:
         found = _servers.get((addr, port))
         if found is not None and port:
-            return found
+            found.users += 1
+            return Server(found)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(GpuprobeCollector(rt))  # type: ignore[arg-type]
         try:
@@ -149,14 +177,16 @@ def serve(port: int | None = None, addr: str | None = None, *, _rt: Runtime | No
                 f"gpuprobe cannot serve /metrics on {addr}:{port}{rank}: {exc.strerror or exc}; "
                 f"check {setting} and GPUPROBE_PROMETHEUS_ADDR"
             ) from None
-        server = Server(httpd, thread, addr, httpd.server_address[1])
-        _servers[(addr, server.port)] = server
+        endpoint = _Endpoint(httpd, thread, addr, httpd.server_address[1])
+        endpoint.users = 1
+        _servers[(addr, endpoint.port)] = endpoint
+    server = Server(endpoint)
     rt.exporters.append(_Closer(server))
     return server
 
 
 class _Closer:
-    """Lets :func:`gpuprobe.collector.reset` stop servers it started."""
+    """Lets :func:`gpuprobe.collector.reset` (and exit) release the servers it started."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -165,6 +195,4 @@ class _Closer:
         return None
 
     def close(self) -> None:
-        with _lock:
-            _servers.pop((self.server.addr, self.server.port), None)
         self.server.close()
