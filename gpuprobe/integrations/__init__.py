@@ -1,0 +1,13 @@
+"""Integrations with libraries that run generation; each is imported on its own, when used.
+
+- :mod:`gpuprobe.integrations.transformers` — Hugging Face transformers ``generate()``:
+  :func:`~gpuprobe.integrations.transformers.instrument` /
+  :func:`~gpuprobe.integrations.transformers.uninstrument` per model,
+  :func:`~gpuprobe.integrations.transformers.instrument_all` for every model in the process.
+
+Importing this package imports nothing optional; ``gpuprobe`` itself never imports an integration.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,452 @@
+"""Observe Hugging Face transformers ``generate()`` from the inside: reversible, per model instance.
+
+Quickstart::
+
+    from gpuprobe.integrations.transformers import instrument
+    instrument(model)                 # this model only; other instances are untouched
+    model.generate(input_ids, max_new_tokens=64)
+    gpuprobe.serve()                  # or gpuprobe.collect(), gpuprobe.configure(otlp_endpoint=...)
+
+Per ``generate()`` call: time to first token, request duration (``error.type`` on failure), input and
+output token usage, batch size, calls in flight, and an NVTX range. Per step: prefill/decode step time
+(host clock, and device clock from CUDA events on GPUs), one time-per-output-token sample per decode
+step, and the step's components — ``forward``, each logits processor by class (those transformers
+builds from the generation config included), ``stopping_criteria``, ``streamer`` and ``other`` — that
+add up to the step. Opt-in: decoder-layer times sampled every N decode steps. Memory and KV-cache
+gauges every ``memory_every`` steps and at the end of each call. See ``docs/transformers.md``.
+
+How: transformers looks the methods of its generation loop up on the instance
+(``self._prefill(...)``, ``self._has_unfinished_sequences(...)``, ...), so gpuprobe places methods of
+the same names on the instance (not on the class: an instance patch of ``_sample`` would be ignored,
+since ``generate`` fetches it from ``type(self)``). :func:`uninstrument` removes them again.
+
+Supported: transformers >= 5.0, < 6 (tested with 5.23); greedy, sampling and beam search, static and
+dynamic caches, streamers, user logits processors and stopping criteria. Other decoding modes
+(assisted decoding, custom ``generate`` functions) get the per-call metrics only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import types
+import warnings
+import weakref
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from .. import _probe
+from ..collector import runtime
+from ..errors import ConfigError, GpuprobeError, missing
+from . import _hf_generate as _g
+from ._hf_layers import find_layers
+
+__all__ = [
+    "instrument",
+    "uninstrument",
+    "is_instrumented",
+    "instrument_class",
+    "uninstrument_class",
+    "instrument_all",
+    "uninstrument_all",
+    "find_layers",
+    "check_version",
+    "SUPPORTED_VERSIONS",
+    "UnsupportedVersionError",
+    "UnsupportedModelError",
+]
+
+SUPPORTED_VERSIONS = ">=5.0,<6"
+TESTED_VERSION = "5.23"
+_MIN, _MAX = (5, 0), (6, 0)
+
+M = TypeVar("M")
+C = TypeVar("C", bound=type)
+
+
+class UnsupportedVersionError(GpuprobeError):
+    """The installed transformers is outside the versions this integration supports."""
+
+
+class UnsupportedModelError(GpuprobeError, TypeError):
+    """The object given is not a transformers model that can ``generate()``."""
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as exc:
+        raise missing("transformers", "transformers") from exc
+    return transformers
+
+
+def _parse(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def check_version() -> str:
+    """Check the installed transformers version; returns it.
+
+    Returns:
+        The installed version string.
+
+    Raises:
+        UnsupportedVersionError: outside ``SUPPORTED_VERSIONS``; the message names both.
+        MissingDependencyError: transformers is not installed.
+
+    Example:
+        >>> from gpuprobe.integrations.transformers import check_version
+        >>> check_version().startswith("5.")
+        True
+    """
+    version = str(_transformers().__version__)
+    if not (_MIN <= _parse(version) < _MAX):
+        raise UnsupportedVersionError(
+            f"gpuprobe's transformers integration supports transformers {SUPPORTED_VERSIONS} "
+            f"(tested with {TESTED_VERSION}); the installed version is {version}. "
+            f"Install a supported version, e.g. pip install 'transformers{SUPPORTED_VERSIONS}'."
+        )
+    return version
+
+
+def _check_model(model: Any) -> Any:
+    tr = _transformers()
+    version = check_version()
+    mixin = tr.GenerationMixin
+    if isinstance(model, type):
+        raise UnsupportedModelError(
+            f"instrument() takes a model instance, got the class {model.__qualname__}; "
+            "use instrument_class() for every instance of a class"
+        )
+    if not isinstance(model, mixin) or not callable(getattr(model, "generate", None)):
+        hint = ""
+        if callable(getattr(model, "get_base_model", None)):  # a PEFT wrapper
+            hint = "; for a PEFT model, instrument model.get_base_model()"
+        raise UnsupportedModelError(
+            "gpuprobe.integrations.transformers.instrument() needs a transformers model that can generate "
+            "(a GenerationMixin subclass such as AutoModelForCausalLM or AutoModelForSeq2SeqLM); got "
+            f"{type(model).__module__}.{type(model).__qualname__}{hint}"
+        )
+    can = getattr(model, "can_generate", None)
+    if callable(can) and not can():
+        raise UnsupportedModelError(
+            f"{type(model).__qualname__} cannot generate (its can_generate() is False); "
+            "instrument a model with a language-modeling head"
+        )
+    for name in _g.SEAMS:
+        if name != "get_compiled_call" and not callable(getattr(type(model), name, None)):
+            raise UnsupportedVersionError(
+                f"{type(model).__qualname__} has no {name}() under transformers {version}; gpuprobe's "
+                f"transformers integration supports {SUPPORTED_VERSIONS} (tested with {TESTED_VERSION})"
+            )
+    return mixin
+
+
+def _default_name(model: Any) -> str:
+    cfg = getattr(model, "config", None)
+    name = str(getattr(cfg, "name_or_path", "") or "")
+    if name:
+        # A local path names a folder on someone's disk: keep its last part only.
+        if os.path.isabs(name) or name.startswith(".") or os.path.isdir(name):
+            name = os.path.basename(os.path.normpath(name)) or name
+        return name[:128]
+    return str(getattr(cfg, "model_type", "") or type(model).__name__)
+
+
+def _check_options(model_name: Any, layers: Any, layer_every: Any, memory_every: Any) -> None:
+    if model_name is not None and (not isinstance(model_name, str) or not model_name):
+        raise ConfigError(f"instrument(model_name=) must be a non-empty string, got {model_name!r}")
+    for key, value in (("layer_every", layer_every), ("memory_every", memory_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"instrument({key}=) must be an integer >= 1, got {value!r}")
+    if not isinstance(layers, bool) and not isinstance(layers, Iterable):
+        raise ConfigError(f"instrument(layers=) must be True/False or a list of modules, got {layers!r}")
+
+
+_lock = threading.RLock()
+_opted_out: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _is_our_seam(value: Any, model: Any | None = None) -> bool:
+    func = getattr(value, "__func__", None)
+    if not getattr(func, "_gpuprobe_seam", False):
+        return False
+    return model is None or getattr(value, "__self__", None) is model
+
+
+def instrument(model: M, *, model_name: str | None = None, layers: bool | Iterable[Any] = False,
+               layer_every: int = 8, layer_index: bool = False, memory: bool = True, kv_cache: bool = True,
+               memory_every: int = 8) -> M:
+    """Measure this model's ``generate()`` calls, steps and (optionally) decoder layers.
+
+    Reversible (:func:`uninstrument`) and idempotent: a second call with the same options does
+    nothing; with other options it re-instruments. Only this instance changes.
+
+    Args:
+        model: a transformers model that can generate (``GenerationMixin``).
+        model_name: the ``model`` / ``gen_ai.request.model`` label. Default: ``config.name_or_path``
+            (the last folder of a local path), else ``config.model_type``.
+        layers: ``True`` to time decoder layers (found from ``_no_split_modules``, else the largest
+            ``nn.ModuleList`` of identical blocks), or the list of modules to time.
+        layer_every: time layers on one decode step in this many (forward hooks are added for that
+            step only).
+        layer_index: add the ``layer.index`` label (one series per layer instead of per layer type).
+        memory: memory gauges (allocated/reserved/peak) at step end.
+        kv_cache: KV-cache bytes and sequence-length gauges at step end.
+        memory_every: read the gauges on one step in this many (and at the end of every call).
+
+    Returns:
+        The same model.
+
+    Raises:
+        UnsupportedModelError: ``model`` cannot generate; the message names its type.
+        UnsupportedVersionError: the installed transformers is not supported; the message names it.
+        ConfigError: a bad option.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> from gpuprobe.integrations.transformers import instrument, uninstrument
+        >>> model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        ...                          num_attention_heads=4, num_key_value_heads=2, vocab_size=128))
+        >>> model = instrument(model, model_name="tiny-llama")
+        >>> _ = uninstrument(model)
+    """
+    _check_model(model)
+    _check_options(model_name, layers, layer_every, memory_every)
+    if _probe._DISABLED_AT_IMPORT:  # GPUPROBE_DISABLE=1: decided once, nothing is patched
+        return model
+    layer_list: list[tuple[Any, int]]
+    if layers is True:
+        layer_list = find_layers(model)
+        if not layer_list:
+            warnings.warn(f"gpuprobe: no decoder layers found in {type(model).__qualname__}; "
+                          "pass layers=[...] to name them", RuntimeWarning, stacklevel=2)
+    elif layers is False:
+        layer_list = []
+    else:
+        layer_list = [(m, i) for i, m in enumerate(layers)]  # type: ignore[union-attr]
+    options = {"model_name": model_name, "layers": layers if isinstance(layers, bool) else tuple(map(id, layer_list)),
+               "layer_every": layer_every, "layer_index": layer_index, "memory": memory, "kv_cache": kv_cache,
+               "memory_every": memory_every}
+    d = model.__dict__
+    with _lock:
+        st = d.get(_g.STATE_KEY)
+        if st is not None:
+            if st.options == options:
+                return model
+            uninstrument(model)
+        _opted_out.discard(model)
+        st = _g.ModelState(model, runtime(), name=model_name or _default_name(model), layers=layer_list,
+                           layer_every=layer_every, layer_index=layer_index, memory=memory, kv_cache=kv_cache,
+                           memory_every=memory_every, options=options)
+        cls = type(model)
+        st.generate_is_mixin = _g.class_function(cls, "generate") is _transformers().GenerationMixin.generate
+        for name in _g.SEAMS:
+            if not callable(getattr(cls, name, None)):
+                continue
+            existing = d.get(name)
+            if existing is not None and not _is_our_seam(existing):
+                st.saved[name] = existing  # someone's instance attribute: run underneath, restore later
+                st.originals[name] = existing
+            else:
+                st.originals[name] = _g.class_function(cls, name).__get__(model, cls)
+            d[name] = types.MethodType(_g.seam_function(cls, name), model)
+        d[_g.STATE_KEY] = st
+    return model
+
+
+def uninstrument(model: M) -> M:
+    """Undo :func:`instrument`: the model's methods and hooks are what they were before.
+
+    Idempotent; a model never instrumented is returned unchanged. While class-wide instrumentation
+    is on, this model stays out of it until :func:`instrument` is called on it again.
+
+    Example:
+        >>> from gpuprobe.integrations.transformers import uninstrument
+        >>> uninstrument(object()) is not None
+        True
+    """
+    d = getattr(model, "__dict__", None)
+    if d is None:
+        return model
+    with _lock:
+        st = d.get(_g.STATE_KEY)
+        for name in _g.SEAMS:
+            cur = d.get(name)
+            if cur is None:
+                continue
+            if _is_our_seam(cur):
+                if st is not None and name in st.saved:
+                    d[name] = st.saved[name]
+                else:
+                    del d[name]
+            elif st is not None:
+                warnings.warn(f"gpuprobe: {type(model).__qualname__}.{name} was replaced after instrument(); "
+                              "left in place", RuntimeWarning, stacklevel=2)
+        if st is not None:
+            with st._lock:
+                for h in st._hooks:
+                    h.remove()
+                st._hooks.clear()
+                st._hook_users = 0
+        d.pop(_g.STATE_KEY, None)
+        if _class_patches:
+            try:
+                _opted_out.add(model)
+            except TypeError:
+                pass
+    return model
+
+
+def is_instrumented(model: Any) -> bool:
+    """Whether :func:`instrument` is in force on this model.
+
+    Example:
+        >>> from gpuprobe.integrations.transformers import is_instrumented
+        >>> is_instrumented(object())
+        False
+    """
+    d = getattr(model, "__dict__", None)
+    return bool(d) and d.get(_g.STATE_KEY) is not None
+
+
+# -- class-wide ---------------------------------------------------------------------------------
+
+class _ClassPatch:
+    __slots__ = ("saved", "options", "instances")
+
+    def __init__(self, saved: Any, options: dict[str, Any]) -> None:
+        self.saved = saved
+        self.options = options
+        self.instances: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+_MISSING = object()
+_class_patches: dict[type, _ClassPatch] = {}
+
+
+def instrument_class(cls: C | None = None, **options: Any) -> C:
+    """Instrument every instance of ``cls`` (and its subclasses) at its first ``generate()`` call.
+
+    For models created in code you do not own (a pipeline, a serving library). Each instance gets
+    :func:`instrument` with ``options`` the first time it generates.
+
+    Args:
+        cls: a transformers model class; default ``GenerationMixin`` (every generating model).
+        **options: keywords of :func:`instrument` (``layers=True``, ``memory_every=4``, ...).
+
+    Returns:
+        ``cls``.
+
+    Raises:
+        UnsupportedModelError: ``cls`` is not a generating transformers class.
+        ConfigError: a bad option.
+
+    Example:
+        >>> from transformers import GPT2LMHeadModel
+        >>> from gpuprobe.integrations.transformers import instrument_class, uninstrument_class
+        >>> _ = instrument_class(GPT2LMHeadModel, layers=True)
+        >>> _ = uninstrument_class(GPT2LMHeadModel)
+    """
+    tr = _transformers()
+    check_version()
+    mixin = tr.GenerationMixin
+    cls = mixin if cls is None else cls
+    if not isinstance(cls, type) or not issubclass(cls, mixin):
+        raise UnsupportedModelError(
+            f"instrument_class() needs a transformers model class that can generate (a GenerationMixin "
+            f"subclass); got {cls!r}"
+        )
+    unknown = set(options) - {"model_name", "layers", "layer_every", "layer_index", "memory", "kv_cache",
+                              "memory_every"}
+    if unknown:
+        raise ConfigError(f"instrument_class() got unknown option(s): {', '.join(sorted(unknown))}")
+    _check_options(options.get("model_name"), options.get("layers", False), options.get("layer_every", 8),
+                   options.get("memory_every", 8))
+    if _probe._DISABLED_AT_IMPORT:
+        return cls
+    with _lock:
+        patch = _class_patches.get(cls)
+        if patch is not None:
+            patch.options = dict(options)
+            return cls
+        saved = cls.__dict__.get("generate", _MISSING)
+        original = _g.class_function(cls, "generate")
+        patch = _ClassPatch(saved, dict(options))
+
+        def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+            st = self.__dict__.get(_g.STATE_KEY)
+            if st is None:
+                if self in _opted_out or _class_patches.get(cls) is not patch:
+                    return original(self, *args, **kwargs)
+                instrument(self, **patch.options)
+                patch.instances.add(self)
+                st = self.__dict__.get(_g.STATE_KEY)
+                if st is None:
+                    return original(self, *args, **kwargs)
+            if st.current() is not None:
+                # Reached through super().generate() from inside an instrumented call: go on down.
+                return original(self, *args, **kwargs)
+            return st.generate(self, args, kwargs)
+
+        generate.__name__ = "generate"
+        generate.__qualname__ = getattr(original, "__qualname__", "generate")
+        generate.__doc__ = original.__doc__
+        generate.__wrapped__ = original  # type: ignore[attr-defined]
+        generate._gpuprobe_class_wrapper = True  # type: ignore[attr-defined]
+        type.__setattr__(cls, "generate", generate)
+        _class_patches[cls] = patch
+    return cls
+
+
+def uninstrument_class(cls: C | None = None) -> C:
+    """Undo :func:`instrument_class`; instances it instrumented are uninstrumented too.
+
+    Example:
+        >>> from gpuprobe.integrations.transformers import uninstrument_class
+        >>> _ = uninstrument_class()  # nothing to undo: no error
+    """
+    tr = _transformers()
+    cls = tr.GenerationMixin if cls is None else cls
+    with _lock:
+        patch = _class_patches.pop(cls, None)
+        if patch is None:
+            return cls
+        if patch.saved is _MISSING:
+            if "generate" in cls.__dict__:
+                type.__delattr__(cls, "generate")
+        else:
+            type.__setattr__(cls, "generate", patch.saved)
+        for inst in list(patch.instances):
+            uninstrument(inst)
+        if not _class_patches:
+            _opted_out.clear()
+    return cls
+
+
+def instrument_all(**options: Any) -> None:
+    """Instrument every transformers model in the process at its first ``generate()`` call.
+
+    Same as ``instrument_class(GenerationMixin, **options)``.
+
+    Example:
+        >>> from gpuprobe.integrations.transformers import instrument_all, uninstrument_all
+        >>> instrument_all(layers=True)
+        >>> uninstrument_all()
+    """
+    instrument_class(None, **options)
+
+
+def uninstrument_all() -> None:
+    """Undo :func:`instrument_all` and every :func:`instrument_class`.
+
+    Example:
+        >>> from gpuprobe.integrations.transformers import uninstrument_all
+        >>> uninstrument_all()
+    """
+    for cls in list(_class_patches):
+        uninstrument_class(cls)

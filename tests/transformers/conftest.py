@@ -1,0 +1,65 @@
+"""Fixtures for the transformers integration: tiny real models built from configs, a live /metrics.
+
+Models have random weights (no download) and run transformers' real generation code. Metrics are
+process-wide, so every test starts from zeroed metrics and leaves no model instrumented.
+"""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _hfkit import Scrape, build, torch  # noqa: E402
+
+import gpuprobe  # noqa: E402
+from gpuprobe.integrations import transformers as hf  # noqa: E402
+from gpuprobe.testing import reset  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # tests/conftest.py skips tests marked cuda when no CUDA device is present.
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+
+
+@pytest.fixture(autouse=True)
+def _isolated() -> Iterator[None]:
+    """Zeroed metrics and a fixed seed before; nothing instrumented after."""
+    reset()
+    torch.manual_seed(0)
+    yield
+    hf.uninstrument_all()
+    reset()
+
+
+@pytest.fixture
+def make_model() -> Iterator[Callable[..., Any]]:
+    """``make_model("llama")`` → a tiny model in eval mode, uninstrumented at teardown."""
+    made: list[Any] = []
+
+    def make(family: str = "llama") -> Any:
+        model = build(family).eval()
+        made.append(model)
+        return model
+
+    yield make
+    for m in made:
+        hf.uninstrument(m)
+
+
+@pytest.fixture
+def scrape() -> Iterator[Callable[[], Scrape]]:
+    """``scrape()`` → the current /metrics of a server started with ``gpuprobe.serve(port=0)``."""
+    server = gpuprobe.serve(port=0)
+
+    def get() -> Scrape:
+        with urllib.request.urlopen(server.url, timeout=10) as resp:
+            return Scrape(resp.read().decode())
+
+    yield get
+    server.close()

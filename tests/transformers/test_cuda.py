@@ -1,0 +1,85 @@
+"""On a CUDA device: no synchronisation added per step, and device-clock samples that resolve."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from _hfkit import build, prompt, torch
+
+import gpuprobe
+from gpuprobe.integrations.transformers import instrument, uninstrument
+from gpuprobe.testing import reset
+
+pytestmark = pytest.mark.cuda
+
+KW = dict(max_new_tokens=12, min_new_tokens=12, do_sample=True, top_k=20, temperature=0.8, repetition_penalty=1.1)
+
+
+def cuda_model(family: str = "llama"):
+    return build(family).eval().to("cuda")
+
+
+def count_syncs(fn) -> int:
+    """How many synchronising CUDA calls ``fn`` makes (torch's sync debug mode, in warn mode)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in seen)
+
+
+@pytest.mark.parametrize("options", [{}, {"layers": True, "layer_every": 2}])
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_instrumentation_adds_no_device_synchronisation(options, cache):
+    reset(device_timing="cuda")
+    model = cuda_model()
+    ids = prompt(batch=2).to("cuda")
+    extra = {"cache_implementation": "static", "disable_compile": True} if cache == "static" else {}
+
+    def run() -> None:
+        torch.manual_seed(0)
+        model.generate(ids, **KW, **extra)
+
+    run()  # warm-up: allocator, kernels, lazy init
+    plain = count_syncs(run)
+    instrument(model, model_name="m", memory_every=1, **options)
+    run()
+    try:
+        measured = count_syncs(run)
+    finally:
+        uninstrument(model)
+    assert measured == plain
+
+
+def test_device_clock_step_samples_resolve_without_blocking():
+    reset(device_timing="cuda")
+    assert gpuprobe.info()["timing"].endswith("cuda-events")
+    model = instrument(cuda_model(), model_name="m", layers=True, layer_every=1)
+    ids = prompt().to("cuda")
+    out = model.generate(ids, max_new_tokens=6, min_new_tokens=6)
+    torch.cuda.synchronize()  # the test waits; the integration never does
+    steps = out.shape[1] - ids.shape[1]
+    by_clock: dict[str, int] = {}
+    layers = 0
+    for md in gpuprobe.collect():
+        if md.spec.name == "gpuprobe.step.duration":
+            for p in md.points:
+                by_clock[p.labels["clock"]] = by_clock.get(p.labels["clock"], 0) + p.count
+        if md.spec.name == "gpuprobe.layer.duration":
+            layers += sum(p.count for p in md.points)
+    assert by_clock == {"host": steps, "device": steps}
+    assert layers == 2 * (steps - 1)
+
+
+def test_memory_gauges_report_the_cuda_allocator():
+    reset()
+    model = instrument(cuda_model(), model_name="m")
+    model.generate(prompt().to("cuda"), max_new_tokens=3)
+    values = {md.spec.name: md.points for md in gpuprobe.collect()}
+    allocated = values["gpuprobe.memory.allocated"][0]
+    assert allocated.labels["device"].startswith("cuda:") and allocated.value > 0
+    assert values["gpuprobe.memory.reserved"][0].value >= allocated.value
