@@ -1,0 +1,145 @@
+"""A generation workload for the monitoring tests: serves gpuprobe's /metrics and generates until stopped.
+
+Modes:
+
+- default: a tiny Llama built from a config (no download), instrumented with
+  ``gpuprobe.integrations.transformers.instrument(model, layers=True)``, generating with sampling and a
+  repetition penalty. Every few calls it also makes calls that fail (a token id past the vocabulary),
+  inside a probe, so the error panels have real errors; and it pushes OTLP to a port nobody listens on,
+  so the telemetry-drop panel has real drops (``otlp_export_failed``). Kernel sampling is on
+  (``kernel_sampling``), which on a CPU categorizes the profiled step's operators.
+- ``--distributed``: the same under torchrun: ``init_process_group("gloo")``, one all-reduce per
+  call, /metrics on ``--port`` + ``LOCAL_RANK`` (gpuprobe's own rule).
+- ``--gpu-fixture``: no model; pushes synthetic values through gpuprobe's real runtime for the series
+  only a GPU produces (device-clock step times, the caching allocator's reserved memory), labelled as
+  a GPU run would label them. The GPU-only panels are checked against this process.
+
+Stops on SIGTERM/SIGINT or after ``--seconds``. Prints one line ``serving <url>`` once /metrics is up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+import gpuprobe
+from gpuprobe.collector import runtime
+
+MODEL_NAME = "tiny-llama"
+
+
+def _closed_port() -> int:
+    """A local port with nothing listening on it (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop_event(seconds: float) -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    timer = threading.Timer(seconds, stop.set)
+    timer.daemon = True
+    timer.start()
+    return stop
+
+
+def _gpu_fixture(args: argparse.Namespace, stop: threading.Event) -> None:
+    rt = runtime()
+    rt.registry.const_labels["gpuprobe.device"] = "cuda:0"  # as a process on a GPU labels its series
+    server = gpuprobe.serve(args.port)
+    print(f"serving {server.url}", flush=True)
+    step = rt.family("gpuprobe.step.duration")
+    children = {phase: step.child(model=MODEL_NAME, phase=phase, clock="device") for phase in ("prefill", "decode")}
+    mem = {name: rt.family(f"gpuprobe.memory.{name}").child(device="cuda:0") for name in ("allocated", "reserved")}
+    rng = random.Random(0)
+    while not stop.wait(0.05):
+        # Durations are recorded in integer nanoseconds, like every timing gpuprobe takes.
+        rt.emit(children["prefill"], int(rng.uniform(8e6, 12e6)))
+        for _ in range(8):
+            rt.emit(children["decode"], int(rng.uniform(2.5e6, 4e6)))
+        allocated = 6.0e9 + rng.uniform(0, 5e8)
+        rt.emit(mem["allocated"], allocated)
+        rt.emit(mem["reserved"], allocated + 1.5e9)
+
+
+def _model() -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gpuprobe.integrations.transformers import instrument
+
+    torch.set_num_threads(1)  # two CPU cores are shared with the test's other processes
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=128)
+    model = LlamaForCausalLM(cfg).eval()
+    return instrument(model, model_name=MODEL_NAME, layers=True, layer_every=2, memory_every=2)
+
+
+def _generate(model: Any, rng: random.Random, bad: bool) -> None:
+    import torch
+
+    batch, prompt = rng.randint(1, 3), rng.randint(4, 12)
+    high = 1000 if bad else 128  # ids past the vocabulary make the embedding raise IndexError
+    ids = torch.randint(1, high, (batch, prompt))
+    with gpuprobe.probe("workload.request"), torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=rng.randint(8, 20),
+                       do_sample=True, top_k=20, temperature=0.9, repetition_penalty=1.3, pad_token_id=0)
+
+
+def _generation(args: argparse.Namespace, stop: threading.Event) -> None:
+    gpuprobe.configure(kernel_sampling=16, otlp_endpoint=f"http://127.0.0.1:{_closed_port()}/v1/metrics",
+                       otlp_interval=1.0, otlp_timeout=0.5)
+    dist = None
+    if args.distributed:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    model = _model()
+    server = gpuprobe.serve(args.port)  # args.port + LOCAL_RANK under torchrun
+    print(f"serving {server.url}", flush=True)
+    rng = random.Random(int(os.environ.get("RANK", "0")))
+    calls = 0
+    while not stop.is_set():
+        bad = calls % 8 == 3
+        try:
+            _generate(model, rng, bad)
+        except IndexError:
+            if not bad:
+                raise
+        if dist is not None:
+            import torch
+
+            dist.all_reduce(torch.ones(1))
+        calls += 1
+        stop.wait(args.pause)
+    if dist is not None:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the workload until SIGTERM or ``--seconds``."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, required=True, help="/metrics port (plus LOCAL_RANK under torchrun)")
+    p.add_argument("--seconds", type=float, default=240.0, help="stop by itself after this long")
+    p.add_argument("--pause", type=float, default=0.15, help="seconds between generate() calls")
+    p.add_argument("--distributed", action="store_true", help="init_process_group('gloo') (under torchrun)")
+    p.add_argument("--gpu-fixture", action="store_true", help="synthetic GPU-only series, no model")
+    args = p.parse_args(argv)
+    stop = _stop_event(args.seconds)
+    if args.gpu_fixture:
+        _gpu_fixture(args, stop)
+    else:
+        _generation(args, stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
