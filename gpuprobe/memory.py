@@ -108,16 +108,19 @@ def record_history(enabled: bool = True, max_entries: int = 100_000) -> None:
     )
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None], suffix: str = ".tmp") -> Path:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None], suffix: str = ".tmp",
+                 *, make_parents: bool = True) -> Path:
     """Call ``write(tmp)`` then rename ``tmp`` onto ``path``; the temporary is removed on failure.
 
     Args:
         path: the final file.
         write: writes the whole content to the temporary path it is given.
         suffix: the temporary file's ending (some writers choose a format from it, e.g. ``.json.gz``).
+        make_parents: create missing folders (otherwise a missing folder raises ``FileNotFoundError``).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if make_parents:
+        target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
     os.close(fd)
     try:

@@ -1,0 +1,336 @@
+"""Kernel names: short names, categories, families; runtime API and memcpy classification.
+
+Everything here is pure and cached, because the same few hundred names repeat millions of times
+in a trace, and :func:`categorize_kernel` is also used on the live path for kernel categories.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+__all__ = [
+    "CATEGORIES",
+    "categorize_kernel",
+    "kernel_family",
+    "short_kernel_name",
+    "launch_api_kind",
+    "memcpy_direction",
+    "strip_api_version",
+]
+
+#: Every category :func:`categorize_kernel` can return, in report order; ``memcpy`` and ``memset``
+#: are the categories of copy and set operations recorded as such (not kernels).
+CATEGORIES: tuple[str, ...] = (
+    "gemm",
+    "attention",
+    "conv",
+    "communication",
+    "triton",
+    "softmax",
+    "norm",
+    "copy",
+    "sort",
+    "reduction",
+    "index",
+    "elementwise",
+    "memcpy",
+    "memset",
+    "other",
+)
+
+# (category, keywords); the first rule with a keyword in the lower-cased short name wins.
+_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "communication",
+        (
+            "nccl",
+            "all_reduce",
+            "allreduce",
+            "all_gather",
+            "allgather",
+            "reduce_scatter",
+            "reducescatter",
+            "alltoall",
+            "all_to_all",
+            "sendrecv",
+            "cross_device_reduce",
+            "nvshmem",
+        ),
+    ),
+    ("triton", ("triton",)),
+    (
+        "attention",
+        ("flash", "fmha", "sdpa", "attention", "attn", "xformers", "mha_", "_mha", "flashinfer", "mla_"),
+    ),
+    ("conv", ("conv", "fprop", "dgrad", "wgrad", "winograd", "implicit_gemm", "im2col")),
+    (
+        "gemm",
+        (
+            "gemm",
+            "gemv",
+            "nvjet",
+            "cutlass",
+            "xmma",
+            "cublas",
+            "matmul",
+            "splitkreduce",
+            "dot_kernel",
+            "bmm",
+            "_mm_",
+            "cutensor",
+        ),
+    ),
+    ("softmax", ("softmax",)),
+    (
+        "norm",
+        (
+            "layer_norm",
+            "layernorm",
+            "rms_norm",
+            "rmsnorm",
+            "batch_norm",
+            "batchnorm",
+            "group_norm",
+            "groupnorm",
+            "rowwisemoments",
+            "gammabeta",
+            "instance_norm",
+            "l2norm",
+        ),
+    ),
+    ("sort", ("sort", "topk", "radix", "bitonic")),
+    ("copy", ("copy", "catarray", "concat", "cat_kernel", "memcpy", "transpose")),
+    ("index", ("index", "indices", "gather", "scatter", "embedding", "take_", "masked_select", "nonzero")),
+    ("reduction", ("reduce", "scan", "cumsum", "argmax", "argmin", "sum_kernel", "mean_kernel", "norm_kernel")),
+    (
+        "elementwise",
+        (
+            "elementwise",
+            "pointwise",
+            "fill",
+            "foreach",
+            "multi_tensor_apply",
+            "silu",
+            "gelu",
+            "relu",
+            "act_and_mul",
+            "rotary",
+            "sigmoid",
+            "tanh",
+            "where_kernel",
+            "clamp",
+        ),
+    ),
+)
+
+_TILE = re.compile(r"_?\d+x\d+(?:x\d+)*")
+_TRAILING_INDEX = re.compile(r"_\d+$")
+_API_SUFFIX = re.compile(r"(?:_v\d+)$")
+_DIRECTION = re.compile(r"\b([HDAP])to([HDAP])\b")
+_ANON = "(anonymous namespace)::"
+_GENERIC_WRAPPERS = ("kernel", "kernel2", "device_kernel")
+
+
+def _match(text: str) -> str:
+    text = text.replace("fbgemm", "fb")  # a library namespace, not a GEMM
+    for category, words in _RULES:
+        for word in words:
+            if word in text:
+                return category
+    return "other"
+
+
+@functools.lru_cache(maxsize=16384)
+def short_kernel_name(name: str) -> str:
+    """Strip the return type, template arguments and parameter list of a (demangled) kernel name.
+
+    A wrapper such as ``cutlass::Kernel<cutlass_80_..._gemm_128x128_32x5_tn_align4>`` keeps its
+    single plain template argument, since that argument is the real kernel.
+
+    Args:
+        name: A kernel name as the profiler records it.
+
+    Returns:
+        The qualified function name alone.
+
+    Example:
+        >>> short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>(int)")
+        'at::native::vectorized_elementwise_kernel'
+        >>> short_kernel_name("nvjet_tst_64x8_64x16_2x1_v_bz_splitK_TNT")
+        'nvjet_tst_64x8_64x16_2x1_v_bz_splitK_TNT'
+    """
+    text = name.replace(_ANON, "").replace("<unnamed>::", "")
+    if "<" not in text and "(" not in text:
+        return text.strip()
+    out: list[str] = []
+    depth = 0
+    start = 0
+    arg_start = 0
+    kept_arg = ""
+    for i, ch in enumerate(text):
+        if ch == "<" or ch == "(":
+            if depth == 0:
+                out.append(text[start:i])
+                if ch == "(":  # the first top-level parenthesis opens the parameter list
+                    break
+                arg_start = i + 1
+            depth += 1
+        elif ch == ">" or ch == ")":
+            depth -= 1
+            if depth == 0:
+                arg = text[arg_start:i]
+                plain = ch == ">" and arg and all(c.isalnum() or c in "_:" for c in arg)
+                kept_arg = arg if plain else ""
+                start = i + 1
+            elif depth < 0:
+                return name.strip()
+    else:
+        out.append(text[start:])
+    joined = "".join(out).strip()
+    # drop the return type ("void ", "std::enable_if::type ")
+    base = joined.rsplit(" ", 1)[-1] if " " in joined else joined
+    if not base:
+        return name.strip()
+    if kept_arg and base.rsplit("::", 1)[-1].lower() in _GENERIC_WRAPPERS:
+        return f"{base}<{kept_arg}>"
+    return base
+
+
+@functools.lru_cache(maxsize=16384)
+def categorize_kernel(name: str) -> str:
+    """Return the category of a GPU kernel from its name.
+
+    The decision uses the short name (no template arguments or parameters), then two refinements:
+    generic element-wise wrappers whose functor is a copy are ``copy``, and a name with no known
+    keyword is checked once more in full (``cublasLt`` epilogues, for instance). Categories are
+    listed in :data:`CATEGORIES`. Pure and cached, so it is cheap on a hot path.
+
+    Args:
+        name: A kernel name as the profiler records it (mangled names are not demangled).
+
+    Returns:
+        One of :data:`CATEGORIES` (never ``memcpy`` or ``memset``).
+
+    Example:
+        >>> categorize_kernel("nvjet_tst_64x8_64x16_2x1_v_bz_splitK_TNT")
+        'gemm'
+        >>> categorize_kernel("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*)")
+        'softmax'
+        >>> categorize_kernel("my_custom_kernel")
+        'other'
+    """
+    short = short_kernel_name(name).lower()
+    category = _match(short)
+    if category == "elementwise" and "copy" in name.lower():
+        return "copy"
+    if category == "other" and short != name.lower():
+        category = _match(name.lower())
+        if category == "elementwise" and "copy" in name.lower():
+            return "copy"
+    return category
+
+
+@functools.lru_cache(maxsize=16384)
+def kernel_family(name: str) -> str:
+    """Return the family of a kernel: its short name without tile-shape suffixes.
+
+    Tile, cluster and warp shapes (``64x8``, ``128x128x64``) are removed, as is the trailing
+    index of a Triton kernel (``_0``), so variants that a library picks per problem size compare
+    as one kernel across two traces.
+
+    Args:
+        name: A kernel name as the profiler records it.
+
+    Returns:
+        The family name.
+
+    Example:
+        >>> kernel_family("nvjet_tst_64x8_64x16_2x1_v_bz_splitK_TNT")
+        'nvjet_tst_v_bz_splitK_TNT'
+        >>> kernel_family("nvjet_tst_128x16_64x8_1x2_v_bz_splitK_TNT")
+        'nvjet_tst_v_bz_splitK_TNT'
+    """
+    short = short_kernel_name(name)
+    family = _TILE.sub("", short)
+    if family.startswith("triton"):
+        family = _TRAILING_INDEX.sub("", family)
+    return family or short
+
+
+@functools.lru_cache(maxsize=4096)
+def strip_api_version(name: str) -> str:
+    """Remove the version suffix Nsight Systems adds to CUDA API names.
+
+    Example:
+        >>> strip_api_version("cudaLaunchKernel_v7000")
+        'cudaLaunchKernel'
+    """
+    return _API_SUFFIX.sub("", name)
+
+
+_LAUNCH_NAMES = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cudaLaunchKernelEx",
+        "cudaLaunchCooperativeKernel",
+        "cudaLaunchCooperativeKernelMultiDevice",
+        "cudaLaunchDevice",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuLaunchCooperativeKernel",
+        "cuLaunchCooperativeKernelMultiDevice",
+        "cudaGraphLaunch",
+        "cuGraphLaunch",
+        "cuLaunchGrid",
+        "cuLaunchGridAsync",
+    }
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def launch_api_kind(name: str) -> str:
+    """Classify a CUDA runtime or driver API call.
+
+    Args:
+        name: The API name, with or without a version or ``_ptsz`` suffix.
+
+    Returns:
+        ``"kernel"`` for kernel and graph launches, ``"memcpy"``, ``"memset"``, ``"sync"`` for
+        calls that block the host, else ``"other"``.
+
+    Example:
+        >>> launch_api_kind("cudaLaunchKernel_v7000"), launch_api_kind("cudaStreamSynchronize")
+        ('kernel', 'sync')
+    """
+    base = strip_api_version(name)
+    for suffix in ("_ptsz", "_ptds"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    if base in _LAUNCH_NAMES or base.startswith(("cudaLaunchKernel", "cuLaunchKernel")):
+        return "kernel"
+    if base.startswith(("cudaMemcpy", "cuMemcpy")):
+        return "memcpy"
+    if base.startswith(("cudaMemset", "cuMemset", "cuMemsetD")):
+        return "memset"
+    if "Synchronize" in base:
+        return "sync"
+    return "other"
+
+
+_LETTER = {"H": "H", "D": "D", "A": "A", "P": "P"}
+
+
+@functools.lru_cache(maxsize=1024)
+def memcpy_direction(name: str) -> str:
+    """Return the direction of a kineto memcpy event from its name.
+
+    Example:
+        >>> memcpy_direction("Memcpy DtoH (Device -> Pinned)")
+        'DtoH'
+        >>> memcpy_direction("Memcpy PtoP (Device -> Device)")
+        'PtoP'
+    """
+    m = _DIRECTION.search(name)
+    return f"{m.group(1)}to{m.group(2)}" if m else "unknown"

@@ -1,0 +1,587 @@
+"""Renderers: one table model, four text formats (text, md, json, csv), and PNG plots.
+
+Sections are first turned into :class:`_Table` objects (columns with a unit each); a renderer
+only decides how a unit looks. Terminal and Markdown tables show human units and short kernel
+names; CSV and JSON keep integer nanoseconds, bytes and full names.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+from gpuprobe.report._names import CATEGORIES
+
+if TYPE_CHECKING:
+    from gpuprobe.report._diff import DiffReport
+    from gpuprobe.report.model import Report
+
+__all__ = ["render", "plot", "FORMATS", "write_atomic", "format_ns"]
+
+#: Output formats of :func:`render`.
+FORMATS: tuple[str, ...] = ("text", "md", "json", "csv")
+_NAME_WIDTH = 72
+
+
+@dataclasses.dataclass
+class _Column:
+    header: str
+    key: str
+    unit: str = "str"  # str, name, int, float, ns, share, bytes, gbps, ratio
+
+
+@dataclasses.dataclass
+class _Table:
+    section: str
+    title: str
+    columns: list[_Column]
+    rows: list[Any]
+    lines: list[str] = dataclasses.field(default_factory=list)
+
+
+def format_ns(ns: int | float | None) -> str:
+    """Format nanoseconds for people.
+
+    Example:
+        >>> format_ns(18304), format_ns(1_500_000), format_ns(None)
+        ('18.304 µs', '1.500 ms', '-')
+    """
+    if ns is None:
+        return "-"
+    a = abs(ns)
+    if a < 1_000:
+        return f"{ns:.0f} ns"
+    if a < 1_000_000:
+        return f"{ns / 1e3:.3f} µs"
+    if a < 1_000_000_000:
+        return f"{ns / 1e6:.3f} ms"
+    return f"{ns / 1e9:.3f} s"
+
+
+def _format_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _human(value: Any, unit: str, width: int | None) -> str:
+    if value is None:
+        return "-"
+    if unit == "ns":
+        return format_ns(value)
+    if unit == "share":
+        return f"{value * 100:.1f} %"
+    if unit == "bytes":
+        return _format_bytes(value)
+    if unit == "gbps":
+        return f"{value:.2f} GB/s"
+    if unit == "ratio":
+        return f"{value:.2f}x"
+    if unit == "float":
+        return f"{value:.1f}"
+    if unit == "int":
+        return f"{value:,}"
+    text = str(value)
+    if unit == "name" and width and len(text) > width:
+        return text[: width - 1] + "…"
+    return text
+
+
+def _raw(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value
+
+
+def _get(row: Any, key: str) -> Any:
+    return row[key] if isinstance(row, dict) else getattr(row, key)
+
+
+# ---------------------------------------------------------------------------- report tables
+
+
+def _report_tables(report: Report) -> list[_Table]:
+    s = report.summary
+    tables: list[_Table] = []
+    lines = [f"warning: {w}" for w in s.warnings]
+    lines += [
+        f"trace: {s.path} ({s.source}{', ' + ', '.join(sorted(set(s.devices))) if s.devices else ''})",
+        f"span: {format_ns(s.span_ns)}; events: "
+        + ", ".join(f"{k} {v:,}" for k, v in s.events.items())
+        + (f"; skipped {s.skipped_events:,}" if s.skipped_events else ""),
+        f"GPU: {s.gpu_op_count:,} operations, {s.kernel_count:,} kernels, kernel time {format_ns(s.kernel_ns)}, "
+        f"busy {format_ns(s.gpu_busy_ns)}"
+        + (f" ({s.gpu_busy_share * 100:.1f} % of the span)" if s.gpu_busy_share is not None else ""),
+        f"launches: {s.launch_count:,} calls, {format_ns(s.launch_api_ns)} in the API; steps: {s.step_count:,}",
+    ]
+    tables.append(_Table("summary", "Summary", [], [], lines))
+    kernel_cols = [
+        _Column("kernel", "short_name", "name"),
+        _Column("category", "category"),
+        _Column("count", "count", "int"),
+        _Column("total", "total_ns", "ns"),
+        _Column("mean", "mean_ns", "ns"),
+        _Column("median", "median_ns", "ns"),
+        _Column("min", "min_ns", "ns"),
+        _Column("max", "max_ns", "ns"),
+        _Column("share", "share", "share"),
+        _Column("name", "name", "full"),
+    ]
+    if report.kernels is not None:
+        k = report.kernels
+        tables.append(
+            _Table(
+                "kernels",
+                "Top kernels",
+                kernel_cols,
+                k.rows,
+                [f"{k.count:,} kernels of {k.distinct:,} names, {format_ns(k.total_ns)} in all"],
+            )
+        )
+    if report.categories is not None:
+        c = report.categories
+        tables.append(
+            _Table(
+                "categories",
+                "GPU time by category",
+                [
+                    _Column("category", "category"),
+                    _Column("count", "count", "int"),
+                    _Column("total", "total_ns", "ns"),
+                    _Column("share", "share", "share"),
+                    _Column("per step (median)", "step_median_ns", "ns"),
+                    _Column("p10", "step_p10_ns", "ns"),
+                    _Column("p90", "step_p90_ns", "ns"),
+                ],
+                c.rows,
+                [f"'other' holds {c.other_share * 100:.1f} % of GPU time"],
+            )
+        )
+    if report.families is not None:
+        tables.append(
+            _Table(
+                "families",
+                "Kernel families (tile-shape variants together)",
+                [
+                    _Column("family", "family", "name"),
+                    _Column("category", "category"),
+                    _Column("variants", "variants", "int"),
+                    _Column("count", "count", "int"),
+                    _Column("total", "total_ns", "ns"),
+                    _Column("share", "share", "share"),
+                    _Column("per step (median)", "step_median_ns", "ns"),
+                    _Column("p10", "step_p10_ns", "ns"),
+                    _Column("p90", "step_p90_ns", "ns"),
+                ],
+                report.families.rows,
+            )
+        )
+    if report.non_gemm is not None:
+        n = report.non_gemm
+        tables.append(
+            _Table(
+                "non_gemm",
+                "Non-GEMM kernels",
+                kernel_cols,
+                n.rows,
+                [f"{n.count:,} kernels, {format_ns(n.total_ns)} in all"],
+            )
+        )
+    if report.attention is not None:
+        a = report.attention
+        tables.append(
+            _Table(
+                "attention",
+                "Attention kernels",
+                kernel_cols,
+                a.rows,
+                [f"{a.count:,} kernels, {format_ns(a.total_ns)} in all"],
+            )
+        )
+    if report.launches is not None:
+        la = report.launches
+        tables.append(
+            _Table(
+                "launches",
+                "Launch overhead",
+                [
+                    _Column("API", "name", "name"),
+                    _Column("kind", "kind"),
+                    _Column("count", "count", "int"),
+                    _Column("total", "total_ns", "ns"),
+                    _Column("mean", "mean_ns", "ns"),
+                    _Column("max", "max_ns", "ns"),
+                ],
+                la.apis,
+                [
+                    f"{la.launch_count:,} launch calls, {format_ns(la.api_ns)} in the API"
+                    + (f", {la.per_step_median:.1f} per step (median)" if la.per_step_median is not None else ""),
+                    f"launch to GPU start: median {format_ns(la.delay_median_ns)}, mean {format_ns(la.delay_mean_ns)}, "
+                    f"p90 {format_ns(la.delay_p90_ns)}, max {format_ns(la.delay_max_ns)} ({la.delay_count:,} linked)",
+                    f"sync calls: {la.sync_count:,}, {format_ns(la.sync_ns)}; launches without GPU record: "
+                    f"{la.launches_without_gpu_op:,}; GPU operations without launch: {la.gpu_ops_without_launch:,}",
+                ],
+            )
+        )
+    if report.memory is not None:
+        m = report.memory
+        tables.append(
+            _Table(
+                "memory",
+                "Memory operations",
+                [
+                    _Column("kind", "kind"),
+                    _Column("direction", "direction"),
+                    _Column("count", "count", "int"),
+                    _Column("bytes", "bytes", "bytes"),
+                    _Column("total", "total_ns", "ns"),
+                    _Column("bandwidth", "bandwidth_gbps", "gbps"),
+                ],
+                m.rows,
+            )
+        )
+    if report.ranges is not None:
+        r = report.ranges
+        tables.append(
+            _Table(
+                "ranges",
+                "GPU time per range",
+                [
+                    _Column("range", "path", "name"),
+                    _Column("count", "count", "int"),
+                    _Column("CPU", "cpu_ns", "ns"),
+                    _Column("GPU busy", "gpu_busy_ns", "ns"),
+                    _Column("kernels", "kernel_ns", "ns"),
+                    _Column("GPU span", "gpu_span_ns", "ns"),
+                    _Column("launches", "launches", "int"),
+                    _Column("GPU ops", "gpu_ops", "int"),
+                ],
+                r.rows,
+                [f"{r.distinct:,} distinct range paths"] if r.distinct > len(r.rows) else [],
+            )
+        )
+    if report.steps is not None:
+        st = report.steps
+        cats = [c for c in CATEGORIES if any(c in row.categories for row in st.rows)]
+        cols = [
+            _Column("step", "index", "int"),
+            _Column("name", "name", "name"),
+            _Column("phase", "phase"),
+            _Column("start", "start_ns", "ns"),
+            _Column("CPU", "cpu_ns", "ns"),
+            _Column("GPU busy", "gpu_busy_ns", "ns"),
+            _Column("GPU span", "gpu_span_ns", "ns"),
+            _Column("kernels", "kernels", "int"),
+            _Column("launches", "launches", "int"),
+            _Column("launch API", "launch_api_ns", "ns"),
+            _Column("sync", "sync_ns", "ns"),
+            _Column("memcpy", "memcpy_bytes", "bytes"),
+        ] + [_Column(f"{c}", f"cat:{c}", "ns-csv") for c in cats]
+        lines = [
+            f"{st.count:,} steps (pattern {st.pattern}); CPU median {format_ns(st.cpu_median_ns)} "
+            f"(p10 {format_ns(st.cpu_p10_ns)}, p90 {format_ns(st.cpu_p90_ns)}); GPU busy median "
+            f"{format_ns(st.gpu_busy_median_ns)} (p10 {format_ns(st.gpu_busy_p10_ns)}, "
+            f"p90 {format_ns(st.gpu_busy_p90_ns)})"
+        ]
+        rows = [
+            dict(dataclasses.asdict(row), **{f"cat:{c}": row.categories.get(c, 0) for c in cats}) for row in st.rows
+        ]
+        tables.append(_Table("steps", "Steps", cols, rows, lines))
+    if report.small_ops is not None:
+        so = report.small_ops
+        tables.append(
+            _Table(
+                "small_ops",
+                f"Small frequent kernels (mean < {format_ns(so.threshold_ns)})",
+                kernel_cols,
+                so.rows,
+                [
+                    f"{so.count:,} small kernels: {so.count_share * 100:.1f} % of kernels, {format_ns(so.total_ns)} "
+                    f"= {so.time_share * 100:.1f} % of kernel time"
+                ],
+            )
+        )
+    if report.timeline is not None:
+        tables.append(
+            _Table(
+                "timeline",
+                "Long events, in time order",
+                [
+                    _Column("start", "start_ns", "ns"),
+                    _Column("duration", "dur_ns", "ns"),
+                    _Column("kind", "kind"),
+                    _Column("where", "where"),
+                    _Column("name", "name", "name"),
+                ],
+                report.timeline.rows,
+            )
+        )
+    if report.cpu_ops is not None:
+        tables.append(
+            _Table(
+                "cpu_ops",
+                "CPU operators (inclusive time)",
+                [
+                    _Column("operator", "name", "name"),
+                    _Column("count", "count", "int"),
+                    _Column("total", "total_ns", "ns"),
+                    _Column("mean", "mean_ns", "ns"),
+                    _Column("max", "max_ns", "ns"),
+                ],
+                report.cpu_ops.rows,
+                [f"{report.cpu_ops.count:,} operator calls"],
+            )
+        )
+    return tables
+
+
+def _diff_tables(d: DiffReport) -> list[_Table]:
+    unit_word = {"step": "per step", "token": "per token", "none": "in all"}[d.normalize]
+    tables = [
+        _Table(
+            "summary",
+            "Diff",
+            [],
+            [],
+            [f"warning: {w}" for w in d.warnings]
+            + [
+                f"A: {d.a_path} ({d.a_units:g} {d.normalize if d.normalize != 'none' else 'trace'}s)",
+                f"B: {d.b_path} ({d.b_units:g} {d.normalize if d.normalize != 'none' else 'trace'}s)",
+                f"values are {unit_word}; delta = B - A; ratio = B / A; median and p10-p90 are across steps",
+            ],
+        )
+    ]
+    for section, title in (
+        ("overview", "Overview"),
+        ("categories", "GPU time by category"),
+        ("families", "Kernel families"),
+        ("ranges", "Ranges"),
+        ("memory", "Memory operations"),
+        ("cpu_ops", "CPU operators"),
+    ):
+        rows = getattr(d, section)
+        cols = [
+            _Column("name", "key", "name"),
+            _Column("metric", "metric"),
+            _Column("A", "a", "auto"),
+            _Column("B", "b", "auto"),
+            _Column("delta", "delta", "auto"),
+            _Column("ratio", "ratio", "ratio"),
+            _Column("A median", "a_median", "auto"),
+            _Column("A p10-p90", "a_spread", "auto"),
+            _Column("B median", "b_median", "auto"),
+            _Column("B p10-p90", "b_spread", "auto"),
+        ]
+        tables.append(_Table(section, title, cols, rows))
+    return tables
+
+
+# ---------------------------------------------------------------------------- formats
+
+
+def _cell(row: Any, col: _Column, human: bool, width: int | None) -> Any:
+    value = _get(row, col.key)
+    unit = col.unit
+    if unit == "auto":
+        metric = _get(row, "metric")
+        unit = "bytes" if metric.endswith("bytes") else "int" if metric in ("count", "launches", "kernels") else "ns"
+        if isinstance(value, float) and unit == "int":
+            unit = "float"
+    if unit == "ns-csv":
+        unit = "ns"
+    return _human(value, unit, width) if human else _raw(value)
+
+
+def _text(tables: list[_Table], top: int, markdown: bool) -> str:
+    out: list[str] = []
+    for table in tables:
+        if markdown:
+            out.append(f"## {table.title}\n")
+            out.extend(f"- {line}" for line in table.lines)
+        else:
+            out.append(table.title)
+            out.append("=" * len(table.title))
+            out.extend(table.lines)
+        cols = [c for c in table.columns if c.unit not in ("full", "ns-csv")]
+        if cols and table.rows:
+            rows = table.rows
+            # the per-step table can have thousands of rows: text and md show the first ``top``
+            limit = top if table.section == "steps" and len(rows) > top else None
+            shown = rows[:limit] if limit else rows
+            cells = [[_cell(r, c, True, None if markdown else _NAME_WIDTH) for c in cols] for r in shown]
+            headers = [c.header for c in cols]
+            if markdown:
+                out.append("")
+                out.append("| " + " | ".join(headers) + " |")
+                out.append("|" + "|".join("---:" if c.unit not in ("str", "name") else "---" for c in cols) + "|")
+                for row in cells:
+                    out.append("| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |")
+            else:
+                widths = [max(len(h), *(len(str(r[i])) for r in cells)) for i, h in enumerate(headers)]
+                out.append("")
+                out.append("  ".join(_pad(h, w, c) for h, w, c in zip(headers, widths, cols)))
+                out.append("  ".join("-" * w for w in widths))
+                for row in cells:
+                    out.append("  ".join(_pad(str(v), w, c) for v, w, c in zip(row, widths, cols)))
+            if limit:
+                out.append(f"({len(rows) - limit:,} more rows in --format csv or json)")
+        elif table.columns and not table.rows:
+            out.append("(none)")
+        out.append("")
+    return "\n".join(line.rstrip() for line in out).rstrip() + "\n"
+
+
+def _pad(text: str, width: int, col: _Column) -> str:
+    return text.ljust(width) if col.unit in ("str", "name") else text.rjust(width)
+
+
+def _csv(tables: list[_Table]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    first = True
+    for table in tables:
+        if not table.columns:
+            continue
+        if not first:
+            buf.write("\n")
+        first = False
+        cols = table.columns
+        writer.writerow(["section"] + [c.key.replace("cat:", "") + ("_ns" if c.unit == "ns-csv" else "") for c in cols])
+        for row in table.rows:
+            writer.writerow([table.section] + [_cell(row, c, False, None) for c in cols])
+    return buf.getvalue()
+
+
+def _json_default(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)  # type: ignore[arg-type]
+    raise TypeError(f"not JSON-serializable: {type(value).__name__}")
+
+
+def render(report: Report | DiffReport, fmt: str = "text", top: int = 20) -> str:
+    """Render a report or a diff as text.
+
+    Args:
+        report: A :class:`~gpuprobe.report.Report` or :class:`~gpuprobe.report.DiffReport`.
+        fmt: One of :data:`FORMATS`: ``text`` (terminal tables), ``md`` (Markdown), ``json``,
+            ``csv`` (one table per section, each with a header row and a ``section`` column,
+            separated by blank lines; pick one section for a single clean table).
+        top: Rows of the per-step table shown by ``text`` and ``md``.
+
+    Returns:
+        The rendered text.
+
+    Example:
+        >>> from gpuprobe.report import analyze
+        >>> print(render(analyze("tests/data/kineto_min.json"), "md"))  # doctest: +SKIP
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fmt == "json":
+        return json.dumps(report.to_dict(), indent=1, default=_json_default) + "\n"
+    from gpuprobe.report._diff import DiffReport
+
+    tables = _diff_tables(report) if isinstance(report, DiffReport) else _report_tables(report)
+    text = _csv(tables) if fmt == "csv" else _text(tables, top, markdown=fmt == "md")
+    # names from a trace may hold lone surrogates (JSON "\\ud800"): keep the output valid UTF-8
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
+    """Write a file through a temporary file in the same folder and a rename.
+
+    A reader never sees a half-written file, and a failed write leaves the old file in place.
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "r.txt"); write_atomic(p, "ok"); open(p).read()
+        'ok'
+    """
+    from gpuprobe.memory import atomic_write
+
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+
+    def _write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(payload)
+
+    atomic_write(path, _write, make_parents=False)
+
+
+def plot(report: Report, path: str | os.PathLike[str]) -> None:
+    """Save a PNG with the category breakdown and the per-step timeline.
+
+    matplotlib is imported here only (``pip install 'gpuprobe[report]'``).
+
+    Args:
+        report: A report with the ``categories`` and ``steps`` sections (others are not needed).
+        path: The PNG file to write (atomically).
+
+    Example:
+        >>> from gpuprobe.report import analyze
+        >>> plot(analyze("tests/data/kineto_min.json"), "/tmp/report.png")  # doctest: +SKIP
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        from gpuprobe.errors import missing
+
+        raise missing("matplotlib", "report") from exc
+    fig = Figure(figsize=(11, 7.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(2, 1, height_ratios=(1, 1.3))
+    _plot_categories(left, report)
+    _plot_steps(right, report)
+    fig.suptitle(os.path.basename(report.summary.path), fontsize=11)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_atomic(path, buf.getvalue())
+
+
+def _plot_categories(ax: Any, report: Report) -> None:
+    rows = report.categories.rows if report.categories is not None else []
+    if not rows:
+        ax.text(0.5, 0.5, "no GPU activity in this trace", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    rows = sorted(rows, key=lambda r: r.total_ns)
+    ax.barh([r.category for r in rows], [r.total_ns / 1e6 for r in rows], color="#4c72b0")
+    for i, r in enumerate(rows):
+        ax.text(r.total_ns / 1e6, i, f" {r.share * 100:.1f} %", va="center", fontsize=8)
+    ax.set_xlabel("GPU time (ms)")
+    ax.set_title("GPU time by category", fontsize=10)
+
+
+def _plot_steps(ax: Any, report: Report) -> None:
+    steps = report.steps.rows if report.steps is not None else []
+    if not steps:
+        ax.text(0.5, 0.5, "no step ranges in this trace", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    x = [s.index for s in steps]
+    gpu_known = steps[0].gpu_busy_ns is not None
+    if gpu_known:
+        bottom = [0.0] * len(steps)
+        cats = [c for c in CATEGORIES if any(c in s.categories for s in steps)]
+        for cat in cats:
+            heights = [s.categories.get(cat, 0) / 1e6 for s in steps]
+            ax.bar(x, heights, bottom=bottom, width=1.0, label=cat, linewidth=0)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.plot(x, [s.cpu_ns / 1e6 for s in steps], color="black", linewidth=1, label="CPU (range)")
+    if gpu_known:
+        ax.plot(x, [(s.gpu_busy_ns or 0) / 1e6 for s in steps], color="red", linewidth=1, label="GPU busy")
+    ax.set_xlabel("step")
+    ax.set_ylabel("time (ms)")
+    ax.set_title("Per-step time (bars: GPU time by category)", fontsize=10)
+    ax.legend(fontsize=7, ncol=4, loc="upper right")

@@ -1,0 +1,257 @@
+"""Command line: ``gpuprobe report TRACE`` and ``gpuprobe diff A B``.
+
+Exit status: 0 on success, 2 for bad input or arguments (one line on stderr naming the file and
+the problem, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from gpuprobe.errors import MissingDependencyError
+from gpuprobe.report._errors import ReportInputError
+from gpuprobe.report._render import FORMATS, render, write_atomic
+from gpuprobe.report.loaders import ENGINES
+from gpuprobe.report.model import SECTIONS
+
+__all__ = ["main_report", "main_diff"]
+
+_BAD_INPUT = 2
+
+
+class _Progress:
+    """A one-line progress indicator on stderr, redrawn at most ten times a second."""
+
+    def __init__(self, label: str, stream: TextIO) -> None:
+        self.label = label
+        self.stream = stream
+        self.last = 0.0
+        self.drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last < 0.1:
+            return
+        self.last = now
+        pct = f"{100 * done / total:5.1f} %" if total else ""
+        self.stream.write(f"\rreading {self.label}: {pct} ({done / 1e6:,.0f} of {total / 1e6:,.0f} MB)")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value}")
+    return value
+
+
+def _sections(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    for name in names:
+        if name not in SECTIONS:
+            raise argparse.ArgumentTypeError(f"unknown section {name!r}; choose from {', '.join(SECTIONS)}")
+    return names
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
+    parser.add_argument("--output", "-o", metavar="PATH", help="write here (atomically) instead of stdout")
+    parser.add_argument("--top", type=_positive_int, default=20, metavar="N", help="rows per table (default: 20)")
+    parser.add_argument(
+        "--step-pattern",
+        metavar="REGEX",
+        help="regular expression for step range names (default: gpuprobe.step, decode, prefill, step; "
+        "else ProfilerStep#N)",
+    )
+    parser.add_argument("--engine", choices=ENGINES, default="stdlib", help="JSON reader (default: stdlib)")
+    progress = parser.add_mutually_exclusive_group()
+    progress.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="show reading progress on stderr (default: when stderr is a terminal)",
+    )
+    progress.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def _fail(prog: str, message: str) -> int:
+    sys.stderr.write(f"{prog}: error: {' '.join(message.split())}\n")
+    return _BAD_INPUT
+
+
+def _progress(args: argparse.Namespace, label: str) -> _Progress | None:
+    wanted = args.progress if args.progress is not None else sys.stderr.isatty()
+    return _Progress(label, sys.stderr) if wanted else None
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output:
+        write_atomic(output, text)
+        return
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (| head): nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _run(prog: str, work: Callable[[], int]) -> int:
+    try:
+        return work()
+    except ReportInputError as exc:
+        return _fail(prog, str(exc))
+    except MissingDependencyError as exc:
+        return _fail(prog, str(exc))
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(prog, f"{where}cannot write: {exc.strerror or exc}")
+    except ValueError as exc:  # bad step pattern, tokens
+        return _fail(prog, str(exc))
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return 130
+
+
+def main_report(argv: list[str]) -> int:
+    """Run ``gpuprobe report``.
+
+    Args:
+        argv: Arguments after ``report``.
+
+    Returns:
+        The exit status.
+
+    Example:
+        >>> main_report(["tests/data/kineto_min.json", "--format", "md", "--sections", "kernels"])  # doctest: +SKIP
+        0
+    """
+    parser = argparse.ArgumentParser(
+        prog="gpuprobe report",
+        description="Report on a PyTorch profiler trace (.json, .json.gz) or an Nsight Systems SQLite export.",
+    )
+    parser.add_argument("trace", help="trace file")
+    parser.add_argument(
+        "--sections",
+        type=_sections,
+        action="extend",
+        metavar="LIST",
+        help=f"comma-separated sections to show (default: all): {', '.join(SECTIONS)}",
+    )
+    parser.add_argument("--plot", metavar="PATH.png", help="also save a PNG: categories and per-step timeline")
+    parser.add_argument(
+        "--small-us",
+        type=float,
+        default=5.0,
+        metavar="US",
+        help="kernels with a mean below this are small operations (default: 5)",
+    )
+    _common(parser)
+    args = parser.parse_args(argv)
+    prog = parser.prog
+
+    def work() -> int:
+        from gpuprobe.report import analyze, plot
+
+        shown = list(args.sections or [])
+        computed = shown + [s for s in ("categories", "steps") if args.plot and shown and s not in shown]
+        progress = _progress(args, os.path.basename(args.trace))
+        try:
+            report = analyze(
+                args.trace,
+                top=args.top,
+                sections=computed,
+                step_pattern=args.step_pattern,
+                small_us=args.small_us,
+                engine=args.engine,
+                progress=progress,
+            )
+        finally:
+            if progress is not None:
+                progress.close()
+        if args.plot:
+            plot(report, args.plot)
+        if shown:
+            hidden: dict[str, Any] = {s: None for s in SECTIONS if s != "summary" and s not in shown}
+            report = dataclasses.replace(report, **hidden)
+        _emit(render(report, args.format, top=args.top), args.output)
+        return 0
+
+    return _run(prog, work)
+
+
+def main_diff(argv: list[str]) -> int:
+    """Run ``gpuprobe diff``.
+
+    Args:
+        argv: Arguments after ``diff``.
+
+    Returns:
+        The exit status.
+
+    Example:
+        >>> main_diff(["a.json.gz", "b.json.gz", "--normalize", "token",  # doctest: +SKIP
+        ...            "--tokens-a", "64", "--tokens-b", "64"])
+        0
+    """
+    parser = argparse.ArgumentParser(
+        prog="gpuprobe diff",
+        description="Compare two traces by category, kernel family, range, memory operations and CPU operators.",
+    )
+    parser.add_argument("a", help="baseline trace")
+    parser.add_argument("b", help="trace to compare")
+    parser.add_argument(
+        "--normalize",
+        choices=("step", "token", "none"),
+        default="step",
+        help="divide by steps (default), by generated tokens, or compare totals",
+    )
+    parser.add_argument("--tokens-a", type=_positive_int, metavar="N", help="tokens generated in A")
+    parser.add_argument("--tokens-b", type=_positive_int, metavar="N", help="tokens generated in B")
+    _common(parser)
+    args = parser.parse_args(argv)
+    prog = parser.prog
+
+    def work() -> int:
+        from gpuprobe.report import diff
+
+        progress = _progress(args, "traces")
+        try:
+            result = diff(
+                args.a,
+                args.b,
+                normalize=args.normalize,
+                tokens_a=args.tokens_a,
+                tokens_b=args.tokens_b,
+                top=args.top,
+                step_pattern=args.step_pattern,
+                engine=args.engine,
+                progress=progress,
+            )
+        finally:
+            if progress is not None:
+                progress.close()
+        _emit(render(result, args.format, top=args.top), args.output)
+        return 0
+
+    return _run(prog, work)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main_report(sys.argv[1:]))

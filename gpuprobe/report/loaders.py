@@ -1,0 +1,200 @@
+"""Open a trace file of either format and stream its events.
+
+``load(path)`` sniffs the format from the first bytes (gzip, SQLite, else JSON text), checks what
+can be checked cheaply, and returns a :class:`Trace` whose :meth:`Trace.events` streams
+:class:`~gpuprobe.report.Event` objects. Every problem with the input surfaces as one
+:class:`~gpuprobe.report.ReportInputError` naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import os
+import sqlite3
+import urllib.parse
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from gpuprobe.report import _nsys
+from gpuprobe.report._errors import ReportInputError
+from gpuprobe.report._events import Event
+from gpuprobe.report._kineto import TraceFormatError, iter_raw_ijson, iter_raw_stdlib, number_to_int, to_event
+
+__all__ = ["Trace", "TraceInfo", "load", "ENGINES"]
+
+#: JSON engines: ``stdlib`` (default, the faster) and ``ijson`` (the reference twin).
+ENGINES: tuple[str, ...] = ("stdlib", "ijson")
+Progress = Callable[[int, int], None]
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class TraceInfo:
+    """What a trace says about itself; complete once :meth:`Trace.events` is exhausted.
+
+    Attributes:
+        source: ``"kineto"`` or ``"nsys"``.
+        devices: GPU names.
+        base_time_ns: Wall-clock time (ns since the Unix epoch) of the trace clock's zero, if known.
+        skipped_events: Events that were malformed and left out.
+        correlation_by_process: Whether correlation ids are unique per process only (nsys), so
+            the join of a launch and its GPU work also matches the process.
+        notes: Remarks of the loader worth showing (unclosed ranges, ...).
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.devices: list[str] = []
+        self.base_time_ns: int | None = None
+        self.skipped_events = 0
+        self.correlation_by_process = source == "nsys"
+        self.notes: list[str] = []
+
+
+class Trace:
+    """A trace file, opened lazily; iterate :meth:`events` once or more.
+
+    Example:
+        >>> trace = load("tests/data/kineto_min.json")  # doctest: +SKIP
+        >>> sum(1 for e in trace.events() if e.kind == "kernel")  # doctest: +SKIP
+        2
+    """
+
+    def __init__(self, path: str, fmt: str, engine: str = "stdlib") -> None:
+        self.path = path
+        self.format = fmt  # "kineto-json", "kineto-gzip" or "nsys-sqlite"
+        self.engine = engine
+        self.info = TraceInfo("nsys" if fmt == "nsys-sqlite" else "kineto")
+        self.size = os.path.getsize(path)
+
+    def events(self, progress: Progress | None = None) -> Iterator[Event]:
+        """Stream the events of the trace.
+
+        Args:
+            progress: Called now and then with ``(bytes_done, bytes_total)`` (nsys: rows).
+
+        Yields:
+            Events in file order (not time order).
+
+        Raises:
+            ReportInputError: The file turns out truncated, invalid or not a trace.
+        """
+        self.info = TraceInfo(self.info.source)
+        if self.format == "nsys-sqlite":
+            yield from self._nsys_events(progress)
+        else:
+            yield from self._kineto_events(progress)
+
+    def _fail(self, problem: str) -> ReportInputError:
+        return ReportInputError(self.path, problem)
+
+    def _kineto_events(self, progress: Progress | None) -> Iterator[Event]:
+        meta: dict[str, Any] = {}
+        info = self.info
+        with open(self.path, "rb") as raw:
+            on_chunk = None
+            if progress is not None:
+                total = self.size
+
+                def on_chunk() -> None:
+                    progress(raw.tell(), total)
+
+            binary: Any = gzip.GzipFile(fileobj=raw, mode="rb") if self.format == "kineto-gzip" else raw
+            try:
+                if self.engine == "ijson":
+                    raws = iter_raw_ijson(binary, meta, on_chunk)
+                else:
+                    text = io.TextIOWrapper(binary, encoding="utf-8", errors="strict", newline="")
+                    raws = iter_raw_stdlib(text, meta, on_chunk)
+                skipped = 0
+                for item in raws:
+                    try:
+                        event = to_event(item)
+                    except ValueError:
+                        skipped += 1
+                        continue
+                    if event is not None:
+                        yield event
+                info.skipped_events = skipped
+            except TraceFormatError as exc:
+                raise self._fail(str(exc)) from None
+            except EOFError:
+                raise self._fail("truncated gzip stream: the file ends before the end-of-stream marker") from None
+            except (gzip.BadGzipFile, zlib.error) as exc:
+                raise self._fail(f"corrupt gzip data ({exc})") from None
+            except UnicodeDecodeError as exc:
+                raise self._fail(f"not UTF-8 text at byte {exc.start}: not a JSON trace") from None
+            except OSError as exc:
+                raise self._fail(f"cannot read: {exc.strerror or exc}") from None
+        if meta.get("traceEvents") is not True:
+            if "traceEvents" in meta:
+                raise self._fail("not a kineto trace: 'traceEvents' is not a list")
+            raise self._fail("not a kineto trace: no 'traceEvents' list")
+        info.base_time_ns = number_to_int(meta.get("baseTimeNanoseconds"))
+        devices = meta.get("deviceProperties")
+        if isinstance(devices, list):
+            info.devices = [str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name")]
+
+    def _nsys_events(self, progress: Progress | None) -> Iterator[Event]:
+        uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
+        try:
+            con = sqlite3.connect(uri, uri=True)
+        except sqlite3.Error as exc:
+            raise self._fail(f"cannot open as SQLite: {exc}") from None
+        with contextlib.closing(con):
+            try:
+                yield from _nsys.iter_events(con, self.info, progress)
+            except _nsys.NsysFormatError as exc:
+                raise self._fail(str(exc)) from None
+            except sqlite3.Error as exc:
+                raise self._fail(f"SQLite error: {exc}") from None
+
+
+def load(path: str | os.PathLike[str], engine: str = "stdlib") -> Trace:
+    """Open a kineto JSON / JSON.gz trace or an Nsight Systems SQLite export.
+
+    The file is checked for existence, emptiness and format here; its contents are read only
+    when :meth:`Trace.events` is iterated, in bounded memory.
+
+    Args:
+        path: The trace file.
+        engine: JSON engine for kineto traces, one of :data:`ENGINES`.
+
+    Returns:
+        The opened :class:`Trace`.
+
+    Raises:
+        ReportInputError: Missing, unreadable, empty, or recognisably not a trace.
+
+    Example:
+        >>> trace = load("tests/data/kineto_min.json")  # doctest: +SKIP
+        >>> trace.format  # doctest: +SKIP
+        'kineto-json'
+    """
+    path = os.fspath(path)
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except FileNotFoundError:
+        raise ReportInputError(path, "no such file") from None
+    except IsADirectoryError:
+        raise ReportInputError(path, "is a directory, not a trace file") from None
+    except PermissionError:
+        raise ReportInputError(path, "permission denied") from None
+    except OSError as exc:
+        raise ReportInputError(path, f"cannot read: {exc.strerror or exc}") from None
+    if not head:
+        raise ReportInputError(path, "empty file")
+    if head.startswith(_SQLITE_MAGIC):
+        return Trace(path, "nsys-sqlite")
+    if head.startswith(_GZIP_MAGIC):
+        return Trace(path, "kineto-gzip", engine)
+    if path.endswith((".nsys-rep", ".qdrep")):
+        raise ReportInputError(path, "an Nsight Systems report: export it first with 'nsys export --type sqlite'")
+    return Trace(path, "kineto-json", engine)

@@ -1,0 +1,205 @@
+"""Loaders: exact integer nanoseconds, streaming in any key order, both JSON engines, nsys exports."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuprobe.report import Event, ReportInputError, load, us_to_ns
+from gpuprobe.report._events import FloatText
+from gpuprobe.report._kineto import iter_raw_stdlib
+
+GPU_TRACES = ["kineto/hta_sampled_rank-0.json.gz", "kineto/hta_triton_example.json.gz", "kineto_min.json"]
+
+
+def events(path: Path | str, engine: str = "stdlib") -> list[Event]:
+    return list(load(path, engine=engine).events())
+
+
+def test_kineto_microseconds_with_three_decimals_become_exact_nanoseconds() -> None:
+    assert us_to_ns(FloatText("18.304")) == 18304
+    assert us_to_ns(FloatText("1012.000")) == 1_012_000
+    assert us_to_ns(Decimal("18.304")) == 18304
+    assert us_to_ns(1012) == 1_012_000
+
+
+def test_epoch_sized_timestamps_keep_every_nanosecond() -> None:
+    # as a float, 1727743122000012.345 µs is off by tens of ns once multiplied by 1000
+    assert us_to_ns(FloatText("1727743122000012.345")) == 1_727_743_122_000_012_345
+    assert float("1727743122000012.345") * 1000 != 1_727_743_122_000_012_345
+
+
+def test_fractions_beyond_nanoseconds_round_half_to_even() -> None:
+    assert us_to_ns(FloatText("0.0005")) == 0
+    assert us_to_ns(FloatText("0.0015")) == 2
+    assert us_to_ns(FloatText("1.5e3")) == 1_500_000
+
+
+@pytest.mark.parametrize("bad", ["abc", None, [1], float("nan"), 10**30])
+def test_us_to_ns_rejects_what_is_not_a_finite_time(bad: Any) -> None:
+    with pytest.raises(ValueError):
+        us_to_ns(bad)
+
+
+def test_the_gemm_of_kineto_min_lasts_18304_ns(kineto_min: Path) -> None:
+    kernels = [e for e in events(kineto_min) if e.kind == "kernel"]
+    assert kernels[0].name.startswith("nvjet_tst_64x8")
+    assert (kernels[0].start_ns, kernels[0].dur_ns) == (1_012_000, 18_304)
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_every_raw_kernel_becomes_one_event_with_exact_times(data_dir: Path, raw: Any, ns: Any, name: str) -> None:
+    expected = [
+        (e["name"], ns(e["ts"]), ns(e["dur"]), e["args"].get("correlation", -1))
+        for e in raw(data_dir / name)["traceEvents"]
+        if e.get("ph") == "X" and e.get("cat") == "kernel"
+    ]
+    got = [(e.name, e.start_ns, e.dur_ns, e.correlation) for e in events(data_dir / name) if e.kind == "kernel"]
+    assert got == expected
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_the_ijson_reference_engine_gives_the_same_events(data_dir: Path, name: str) -> None:
+    pytest.importorskip("ijson")
+    assert events(data_dir / name, "ijson") == events(data_dir / name, "stdlib")
+
+
+def test_engines_agree_on_a_trace_recorded_here(cpu_traces: dict[str, Path]) -> None:
+    pytest.importorskip("ijson")
+    assert events(cpu_traces["plain"], "ijson") == events(cpu_traces["plain"], "stdlib")
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 4096])
+def test_chunk_boundaries_anywhere_give_the_same_elements(kineto_min: Path, chunk: int) -> None:
+    text = kineto_min.read_text()
+    meta: dict[str, Any] = {}
+    items = list(iter_raw_stdlib(io.StringIO(text), meta, chunk=chunk))
+    whole = json.loads(text, parse_float=FloatText)
+    assert items == whole["traceEvents"]
+    assert meta["baseTimeNanoseconds"] == whole["baseTimeNanoseconds"]
+
+
+@pytest.mark.parametrize("engine", ["stdlib", "ijson"])
+def test_metadata_after_trace_events_is_read(tmp_path: Path, kineto_min: Path, engine: str) -> None:
+    if engine == "ijson":
+        pytest.importorskip("ijson")
+    doc = json.loads(kineto_min.read_text())
+    reordered = {"traceEvents": doc.pop("traceEvents"), **doc}
+    path = tmp_path / "events_first.json"
+    path.write_text(json.dumps(reordered))
+    trace = load(path, engine=engine)
+    got = list(trace.events())
+    assert got == events(kineto_min)
+    assert trace.info.base_time_ns == 1_727_743_122_000_000_000
+    assert trace.info.devices == ["NVIDIA H100 80GB HBM3"]
+
+
+def test_a_bare_json_array_of_events_is_a_trace(tmp_path: Path, kineto_min: Path) -> None:
+    path = tmp_path / "array.json"
+    path.write_text(json.dumps(json.loads(kineto_min.read_text())["traceEvents"]))
+    assert events(path) == events(kineto_min)
+
+
+def test_gzip_is_recognised_by_content_not_name(tmp_path: Path, kineto_min: Path) -> None:
+    path = tmp_path / "trace.bin"
+    path.write_bytes(gzip.compress(kineto_min.read_bytes()))
+    trace = load(path)
+    assert trace.format == "kineto-gzip"
+    assert list(trace.events()) == events(kineto_min)
+
+
+def test_malformed_events_are_skipped_and_counted(tmp_path: Path, kineto_min: Path) -> None:
+    doc = json.loads(kineto_min.read_text())
+    doc["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "k", "ts": "not a time", "dur": 1})
+    doc["traceEvents"].append({"ph": "X", "cat": "kernel", "ts": 1, "dur": 1})
+    doc["traceEvents"].append("not an event")
+    path = tmp_path / "malformed.json"
+    path.write_text(json.dumps(doc))
+    trace = load(path)
+    assert list(trace.events()) == events(kineto_min)
+    assert trace.info.skipped_events == 2
+
+
+def test_events_can_be_read_twice(kineto_min: Path) -> None:
+    trace = load(kineto_min)
+    assert list(trace.events()) == list(trace.events())
+
+
+def test_progress_reports_bytes_read(tmp_path: Path, kineto_min: Path) -> None:
+    seen: list[tuple[int, int]] = []
+    list(load(kineto_min).events(progress=lambda done, total: seen.append((done, total))))
+    size = kineto_min.stat().st_size
+    assert seen and seen[-1] == (size, size)
+
+
+# ------------------------------------------------------------------------------------------ nsys
+
+
+def test_nsys_events_strip_api_versions_and_join_names(nsys_db: Path) -> None:
+    trace = load(nsys_db)
+    assert trace.format == "nsys-sqlite"
+    got = list(trace.events())
+    apis = [e.name for e in got if e.kind == "runtime"]
+    assert apis == [
+        "cudaLaunchKernel",
+        "cudaLaunchKernel",
+        "cudaMemcpyAsync",
+        "cudaStreamSynchronize",
+        "cudaMemsetAsync",
+    ]
+    ranges = [(e.name, e.start_ns, e.dur_ns) for e in got if e.kind == "range"]
+    assert ranges == [
+        ("decode_step", 1_000_000, 100_000),
+        ("forward", 1_001_000, 60_000),
+        ("sampling", 1_062_000, 36_000),
+    ]
+    kernels = [(e.name, e.dur_ns, e.pid, e.correlation) for e in got if e.kind == "kernel"]
+    assert kernels[0] == ("nvjet_tst_64x8_64x16_2x1_v_bz_splitK_TNT", 18_304, 4242, 101)
+    memcpy = next(e for e in got if e.kind == "memcpy")
+    assert (memcpy.direction, memcpy.nbytes) == ("DtoH", 8)
+    assert trace.info.base_time_ns == 1_727_743_122_000_000_000
+    assert trace.info.devices == ["NVIDIA H100 80GB HBM3"]
+
+
+def test_nsys_range_text_can_come_from_string_ids(tmp_path: Path, make_nsys: Any, data_dir: Path) -> None:
+    script = (data_dir / "nsys_min.sql").read_text() + (
+        "INSERT INTO StringIds VALUES (50, 'from_string_ids');"
+        "INSERT INTO NVTX_EVENTS (start, end, eventType, textId, globalTid) VALUES (1002000, 1003000, 60, 50, 0);"
+        "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES (1004000, NULL, 59, 'open', 0);"
+        "INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid) VALUES (1005000, 34, 'a mark', 0);"
+    )
+    trace = load(make_nsys(tmp_path / "t.sqlite", script))
+    names = [e.name for e in trace.events() if e.kind == "range"]
+    assert "from_string_ids" in names and "open" not in names and "a mark" not in names
+    assert any("without a valid end" in note for note in trace.info.notes)
+
+
+def test_nsys_schema_without_optional_columns_still_loads(tmp_path: Path, make_nsys: Any) -> None:
+    # an older layout: kernels named by shortName only, no globalPid, NVTX text only
+    script = """
+    CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+    CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, correlationId INTEGER, shortName INTEGER);
+    CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER, end INTEGER, correlationId INTEGER, nameId INTEGER);
+    CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, eventType INTEGER, text TEXT);
+    INSERT INTO StringIds VALUES (1, 'cudaLaunchKernel_v7000'), (2, 'gemm_kernel');
+    INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (100, 110, 7, 1);
+    INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (120, 150, 7, 2);
+    INSERT INTO NVTX_EVENTS VALUES (90, 200, 59, 'step');
+    """
+    got = list(load(make_nsys(tmp_path / "old.sqlite", script)).events())
+    assert [(e.kind, e.name) for e in got] == [
+        ("range", "step"),
+        ("runtime", "cudaLaunchKernel"),
+        ("kernel", "gemm_kernel"),
+    ]
+
+
+def test_missing_file_is_a_report_input_error(tmp_path: Path) -> None:
+    with pytest.raises(ReportInputError, match="no such file"):
+        load(tmp_path / "nope.json")
