@@ -260,6 +260,7 @@ class KernelSampler:
         self._prof: Any = None
         self._rt: Runtime | None = None
         self._cuda = False
+        self._worker: threading.Thread | None = None
 
     def attach(self, rt: Runtime | None = None) -> KernelSampler:
         """Start sampling on ``rt``'s step counter."""
@@ -268,9 +269,10 @@ class KernelSampler:
         return self
 
     def detach(self) -> None:
-        """Stop sampling (a step being profiled is finished first)."""
+        """Stop sampling (a step being profiled is finished and exported first)."""
         if self._prof is not None:
             self._finish()
+        self.wait()
         if self._rt is not None and self._hook in self._rt.step_hooks:
             self._rt.step_hooks.remove(self._hook)
 
@@ -289,16 +291,37 @@ class KernelSampler:
         rt = self._rt or runtime()
         try:
             prof.__exit__(None, None, None)
-            events = self._events(prof)
         except Exception as exc:
             rt.warn_once("kernel_sampling", f"gpuprobe: kernel sampling failed: {exc!r}")
             return
-        time_fam = rt.family("gpuprobe.kernel.time")
-        launch_fam = rt.family("gpuprobe.kernel.launches")
-        for category, (total_ns, count) in categorize_events(events, cpu_ops=not self._cuda).items():
-            rt.emit(time_fam.child(category=category), total_ns / 1e9)
-            rt.emit(launch_fam.child(category=category), count)
-        self.samples += 1
+        worker = self._worker
+        if worker is not None and worker.is_alive():
+            rt.drop("kernel_sampling_busy")  # the previous sample is still being read: skip this one
+            return
+        # Why a worker thread: reading and categorizing a step's events costs ~6 ms of Python; the
+        # generation thread only pays for stopping the profiler (~4 ms), and the worker overlaps the
+        # next steps (torch releases the GIL while it computes).
+        self._worker = threading.Thread(target=self._process, args=(prof, rt), name="gpuprobe-kernels",
+                                        daemon=True)
+        self._worker.start()
+
+    def _process(self, prof: Any, rt: Runtime) -> None:
+        try:
+            events = self._events(prof)
+            time_fam = rt.family("gpuprobe.kernel.time")
+            launch_fam = rt.family("gpuprobe.kernel.launches")
+            for category, (total_ns, count) in categorize_events(events, cpu_ops=not self._cuda).items():
+                rt.emit(time_fam.child(category=category), total_ns / 1e9)
+                rt.emit(launch_fam.child(category=category), count)
+            self.samples += 1
+        except Exception as exc:
+            rt.warn_once("kernel_sampling", f"gpuprobe: kernel sampling failed: {exc!r}")
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until the last sample has been read and exported."""
+        worker = self._worker
+        if worker is not None:
+            worker.join(timeout)
 
     def _events(self, prof: Any) -> list[tuple[str, int]]:
         # Why raw kineto events: prof.events() builds the whole event tree in Python (~65 ms for
