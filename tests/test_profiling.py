@@ -131,3 +131,23 @@ def test_cpu_self_time_subtracts_children() -> None:
     ]
     got = dict(_cpu_self_times(events))
     assert got == {"aten::linear": 16, "aten::matmul": 10, "aten::mm": 70, "aten::add": 9, "aten::mul": 50}
+
+
+def test_window_over_instrumented_generate_gives_the_report_its_steps(model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from gpuprobe.integrations.transformers import instrument, uninstrument
+    from gpuprobe.report import analyze
+
+    out = tmp_path / "generate.json.gz"
+    window = gpuprobe.profile("2-5", output=str(out))
+    instrument(model)
+    try:
+        ids = torch.randint(0, 128, (1, 6))
+        model.generate(ids, max_new_tokens=10, do_sample=False, min_new_tokens=10)
+    finally:
+        uninstrument(model)
+    assert window.state == "done"
+    # independently: the step ranges in the raw trace are exactly steps 2-5
+    marks = sorted(n for n in trace_names(out) if n.startswith("gpuprobe.step#"))
+    assert marks == ["gpuprobe.step#2", "gpuprobe.step#3", "gpuprobe.step#4", "gpuprobe.step#5"]
+    report = analyze(str(out)).to_dict()
+    assert len(report["steps"]["rows"]) == 4

@@ -303,6 +303,14 @@ class ModelState:
 
     # -- steps -----------------------------------------------------------------------------
     def open_step(self, ctx: _Call, t: int, decode: bool) -> None:
+        rt = self.rt
+        # The global step counter marks step starts (profile windows, snapshot triggers); hooks
+        # such as a profiler start are kept out of the step's own time.
+        if rt.step_hooks:
+            rt.step()
+            t = perf_counter_ns()
+        else:
+            rt.step_index += 1
         ctx.step += 1
         ctx.step_open = True
         ctx.step_t0 = t
@@ -368,7 +376,6 @@ class ModelState:
         if ctx.layers_on:
             ctx.layers_on = False
             self.release_layers()
-        self.rt.step()
         # Why every memory_every steps: one memory reading costs 24 us on CPU (RSS from /proc);
         # gauges keep only the last value anyway, and every call ends with a reading.
         if ctx.step % self.memory_every == 0 and (self.memory or self.kv_cache):
