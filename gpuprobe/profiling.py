@@ -16,9 +16,11 @@ Steps are counted by the transformers integration (one per generation step) or b
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
+import queue
 import threading
 from pathlib import Path
 from typing import Any
@@ -225,8 +227,10 @@ _METADATA_OPS = {
     "chunk", "unbind", "flatten", "expand_as", "view_as", "_reshape_alias", "is_nonzero", "item",
     "_local_scalar_dense", "clone",
 }
+_METADATA_NAMES = frozenset("aten::" + op for op in _METADATA_OPS)
 
 
+@functools.lru_cache(maxsize=4096)
 def _cpu_op_category(name: str) -> str:
     from .report._names import categorize_kernel
 
@@ -252,17 +256,32 @@ def categorize_events(events: list[tuple[str, int]], *, cpu_ops: bool = False) -
     """
     from .report._names import categorize_kernel
 
+    # Why sum by name first: a step repeats a few dozen names hundreds of times; one dict update per
+    # event, then one category lookup per distinct name.
+    by_name: dict[str, list[int]] = {}
+    for name, dur in events:
+        acc = by_name.get(name)
+        if acc is None:
+            by_name[name] = [int(dur), 1]
+        else:
+            acc[0] += int(dur)
+            acc[1] += 1
     name_to_cat = _cpu_op_category if cpu_ops else categorize_kernel
     out: dict[str, tuple[int, int]] = {}
-    for name, dur in events:
+    for name, (total_ns, count) in by_name.items():
         cat = name_to_cat(name)
-        total, count = out.get(cat, (0, 0))
-        out[cat] = (total + int(dur), count + 1)
+        total, n = out.get(cat, (0, 0))
+        out[cat] = (total + total_ns, n + count)
     return out
 
 
 class KernelSampler:
     """Profile one step in every ``every`` and export kernel time and launches by category.
+
+    With CUDA the sampled step is recorded by ``torch.profiler`` with only the CUDA activity
+    (kernels, memcpy, memset); without CUDA its ATen operators stand in for kernels. A step whose
+    thread already has a profiler running (a profile window, your own ``torch.profiler``) is not
+    sampled; it is counted in ``gpuprobe.telemetry.dropped{reason="kernel_sampling_busy"}``.
 
     Args:
         every: sampling period in steps (``kernel_sampling=N``); the first sampled step is ``every``.
@@ -276,81 +295,231 @@ class KernelSampler:
             raise ConfigError(f"kernel_sampling must be an integer >= 1, got {every!r}")
         self.every = every
         self.samples = 0
-        self._prof: Any = None
+        self._recorder: _Recorder | None = None
+        self._recording = False
         self._rt: Runtime | None = None
-        self._cuda = False
         self._worker: threading.Thread | None = None
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
 
     def attach(self, rt: Runtime | None = None) -> KernelSampler:
         """Start sampling on ``rt``'s step counter."""
         self._rt = rt or runtime()
-        self._rt.step_hooks.append(self._hook)
+        # First in line, so that a sample is finished before a profile window's hook starts one.
+        self._rt.step_hooks.insert(0, self._hook)
         return self
 
     def detach(self) -> None:
         """Stop sampling (a step being profiled is finished and exported first)."""
-        if self._prof is not None:
+        if self._recording:
             self._finish()
         self.wait()
+        if self._worker is not None:
+            self._queue.put(None)  # the worker ends once the queue is read
+            self._worker = None
         if self._rt is not None and self._hook in self._rt.step_hooks:
             self._rt.step_hooks.remove(self._hook)
 
     def _hook(self, idx: int) -> None:
-        if self._prof is not None:
+        if self._recording:
             self._finish()
         if idx > 0 and idx % self.every == 0:
-            torch = _torch()
-            self._cuda = bool(torch.cuda.is_available())
-            act = torch.profiler.ProfilerActivity
-            self._prof = torch.profiler.profile(activities=[act.CUDA] if self._cuda else [act.CPU])
-            self._prof.__enter__()
+            rt = self._rt or runtime()
+            if self._recorder is None:
+                self._recorder = _recorder()  # decided once: the CUDA check and API lookups are not free
+            if self._recorder.busy() or _window_owns(rt, idx):
+                rt.drop("kernel_sampling_busy")  # another profiler owns this step: never disturb it
+                return
+            try:
+                self._recorder.start()
+            except Exception as exc:
+                rt.warn_once("kernel_sampling", f"gpuprobe: kernel sampling failed to start: {exc!r}")
+                return
+            self._recording = True
 
     def _finish(self) -> None:
-        prof, self._prof = self._prof, None
+        self._recording = False
         rt = self._rt or runtime()
+        assert self._recorder is not None
         try:
-            prof.__exit__(None, None, None)
+            raw = self._recorder.stop()
         except Exception as exc:
             rt.warn_once("kernel_sampling", f"gpuprobe: kernel sampling failed: {exc!r}")
             return
-        worker = self._worker
-        if worker is not None and worker.is_alive():
+        if not self._idle.is_set():
             rt.drop("kernel_sampling_busy")  # the previous sample is still being read: skip this one
             return
-        # Why a worker thread: reading and categorizing a step's events costs ~6 ms of Python; the
-        # generation thread only pays for stopping the profiler (~4 ms), and the worker overlaps the
-        # next steps (torch releases the GIL while it computes).
-        self._worker = threading.Thread(target=self._process, args=(prof, rt), name="gpuprobe-kernels",
-                                        daemon=True)
-        self._worker.start()
+        if self._worker is None or not self._worker.is_alive():
+            # Why one long-lived thread: starting a thread per sample made the generation thread wait
+            # for the GIL while the new thread ran (~5 ms, the interpreter's switch interval).
+            self._worker = threading.Thread(target=self._work, args=(self._queue,), name="gpuprobe-kernels",
+                                            daemon=True)
+            self._worker.start()
+        self._idle.clear()
+        self._queue.put((self._recorder, raw, rt))
 
-    def _process(self, prof: Any, rt: Runtime) -> None:
-        try:
-            events = self._events(prof)
-            time_fam = rt.family("gpuprobe.kernel.time")
-            launch_fam = rt.family("gpuprobe.kernel.launches")
-            for category, (total_ns, count) in categorize_events(events, cpu_ops=not self._cuda).items():
-                rt.emit(time_fam.child(category=category), total_ns / 1e9)
-                rt.emit(launch_fam.child(category=category), count)
-            self.samples += 1
-        except Exception as exc:
-            rt.warn_once("kernel_sampling", f"gpuprobe: kernel sampling failed: {exc!r}")
+    def _work(self, q: queue.SimpleQueue[Any]) -> None:
+        # Reading and categorizing a step's events costs milliseconds of Python. Off the generation
+        # thread it overlaps the time that thread spends without the GIL (operators, waiting on the
+        # GPU). On a CPU-bound step the two compete for the GIL and it costs about as much as inline.
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            recorder, raw, rt = item
+            try:
+                events = recorder.events(raw)
+                del raw
+                time_fam = rt.family("gpuprobe.kernel.time")
+                launch_fam = rt.family("gpuprobe.kernel.launches")
+                for category, (total_ns, count) in categorize_events(events, cpu_ops=recorder.cpu_ops).items():
+                    rt.emit(time_fam.child(category=category), total_ns / 1e9)
+                    rt.emit(launch_fam.child(category=category), count)
+                self.samples += 1
+            except Exception as exc:
+                rt.warn_once("kernel_sampling", f"gpuprobe: kernel sampling failed: {exc!r}")
+            finally:
+                self._idle.set()
 
-    def wait(self, timeout: float | None = None) -> None:
-        """Wait until the last sample has been read and exported."""
-        worker = self._worker
-        if worker is not None:
-            worker.join(timeout)
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the last sample has been read and exported; False if ``timeout`` ran out."""
+        return self._idle.wait(timeout)
 
-    def _events(self, prof: Any) -> list[tuple[str, int]]:
+
+def _window_owns(rt: Runtime, idx: int) -> bool:
+    """True when a profile window records step ``idx`` (it is starting now or already recording)."""
+    for hook in rt.step_hooks:
+        window = getattr(hook, "__self__", None)
+        if isinstance(window, ProfileWindow) and (
+                window.state == "recording" or (window.state == "waiting" and window.first <= idx)):
+            return True
+    return False
+
+
+class _Recorder:
+    """Records one step on the calling thread; :meth:`events` turns the result into ``(name, ns)``."""
+
+    cpu_ops = False
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+        self._enabled = torch._C._autograd._profiler_enabled
+
+    def busy(self) -> bool:
+        """True when a profiler is already running on this thread."""
+        return bool(self._enabled())
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> Any:
+        raise NotImplementedError
+
+    def events(self, raw: Any) -> list[tuple[str, int]]:
+        raise NotImplementedError
+
+
+class _KinetoRecorder(_Recorder):
+    """The step through ``torch.profiler``: with ``cuda``, its kernels, memcpy and memset (CUDA
+    activity only); without, its ATen operators with their self time (CPU activity)."""
+
+    def __init__(self, torch: Any, cuda: bool) -> None:
+        super().__init__(torch)
+        self.cuda = cuda
+        self.cpu_ops = not cuda
+        act = torch.profiler.ProfilerActivity
+        self._activities = [act.CUDA] if cuda else [act.CPU]
+
+    def start(self) -> None:
+        self._prof = self._torch.profiler.profile(activities=self._activities)
+        self._prof.__enter__()
+
+    def stop(self) -> Any:
+        prof, self._prof = self._prof, None
+        # With CUDA, torch.profiler synchronizes the device here: the step's last kernels are in.
+        prof.__exit__(None, None, None)
+        return prof
+
+    def events(self, raw: Any) -> list[tuple[str, int]]:
         # Why raw kineto events: prof.events() builds the whole event tree in Python (~65 ms for
-        # one tiny-model step here); the raw results take ~2 ms.
-        torch = _torch()
-        raw = prof.profiler.kineto_results.events()
-        if self._cuda:
-            cuda = torch.autograd.DeviceType.CUDA
-            return [(e.name(), e.duration_ns()) for e in raw if e.device_type() == cuda]
-        return _cpu_self_times([(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id()) for e in raw])
+        # one tiny-model step); the raw results take ~2 ms.
+        events = raw.profiler.kineto_results.events()
+        if self.cuda:
+            cuda = self._torch.autograd.DeviceType.CUDA
+            return [(e.name(), e.duration_ns()) for e in events if e.device_type() == cuda]
+        return _cpu_self_times([(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id()) for e in events])
+
+
+class _CpuLegacyRecorder(_Recorder):
+    """ATen operators of the step with their self time, through the autograd profiler's CPU state.
+
+    Why not kineto on CPU: for a step of ~1,800 operators the kineto CPU trace costs ~12 ms on the
+    generation thread (start 0.6, recording 2.9, stop 8.3); this state records the same operators for
+    ~6 ms (0.1, 2.4, 3.3), which halves the sample's cost. Chosen only when torch still has it.
+    """
+
+    cpu_ops = True
+
+    def __init__(self, torch: Any) -> None:
+        super().__init__(torch)
+        prof = torch._C._profiler
+        self._config = prof.ProfilerConfig(prof.ProfilerState.CPU, False, False, False, False, False,
+                                           prof._ExperimentalConfig())
+        self._enable = torch._C._autograd._enable_profiler_legacy
+        self._disable = torch._C._autograd._disable_profiler_legacy
+
+    def start(self) -> None:
+        self._enable(self._config)
+
+    def stop(self) -> Any:
+        return self._disable()
+
+    def events(self, raw: Any) -> list[tuple[str, int]]:
+        return _legacy_self_times(raw)
+
+
+def _recorder() -> _Recorder:
+    torch = _torch()
+    if torch.cuda.is_available():
+        return _KinetoRecorder(torch, cuda=True)
+    autograd = torch._C._autograd
+    if hasattr(autograd, "_enable_profiler_legacy") and hasattr(torch._C._profiler.ProfilerState, "CPU"):
+        return _CpuLegacyRecorder(torch)
+    return _KinetoRecorder(torch, cuda=False)
+
+
+def _legacy_self_times(threads: list[list[Any]]) -> list[tuple[str, int]]:
+    """Self time of each ATen operator from the autograd profiler's push/pop events, per thread.
+
+    Args:
+        threads: ``_disable_profiler_legacy()``'s result: one list of events per thread, in order.
+            On one thread, operator scopes nest, so each pop closes the latest open push.
+    """
+    # Why parallel lists and no handle matching: this loop runs over every push and pop of the
+    # sampled step (~3,500 for a tiny model) and each accessor is a call into C++; three plain stacks
+    # and two accessors per event keep it near 3 ms.
+    out: list[tuple[str, float]] = []
+    skip = _METADATA_NAMES
+    for evs in threads:
+        names: list[str] = []
+        starts: list[float] = []
+        children: list[float] = []
+        for e in evs:
+            kind = e.kind()
+            if kind == "push":
+                names.append(e.name())
+                starts.append(e.start_us())
+                children.append(0.0)
+            elif kind == "pop" and names:
+                dur = e.start_us() - starts.pop()
+                name = names.pop()
+                own = dur - children.pop()
+                if children:
+                    children[-1] += dur
+                if name.startswith("aten::") and name not in skip:
+                    out.append((name, own))
+    return [(n, max(0, round(1000 * t))) for n, t in out]
 
 
 def _cpu_self_times(events: list[tuple[str, int, int, int]]) -> list[tuple[str, int]]:
@@ -377,4 +546,4 @@ def _cpu_self_times(events: list[tuple[str, int, int, int]]) -> list[tuple[str, 
         while stack:
             _, nm, self_ns = stack.pop()
             out.append((nm, self_ns))
-    return [(n, max(0, t)) for n, t in out if n.startswith("aten::") and n[6:] not in _METADATA_OPS]
+    return [(n, max(0, t)) for n, t in out if n.startswith("aten::") and n not in _METADATA_NAMES]

@@ -104,6 +104,75 @@ def test_kernel_sampler_exports_categories_of_one_step_in_n(model, exporter: InM
     assert all(t >= 0 for t in times) and sum(times) > 0
 
 
+def dropped(reason: str) -> float:
+    data = {md.spec.name: md for md in gpuprobe.collect()}
+    md = data.get("gpuprobe.telemetry.dropped")
+    return sum(pt.value for pt in md.points if pt.labels["reason"] == reason) if md else 0
+
+
+def test_cpu_recorders_see_the_same_operators(model) -> None:  # type: ignore[no-untyped-def]
+    # The autograd profiler's CPU state (cheaper) and torch.profiler's kineto CPU trace must give the
+    # same operators for the same forward: same count per category, and self times that add up to
+    # less than the step.
+    from gpuprobe.profiling import _CpuLegacyRecorder, _KinetoRecorder
+    import time
+
+    ids = torch.randint(0, 128, (1, 8))
+    got = {}
+    for rec in (_CpuLegacyRecorder(torch), _KinetoRecorder(torch, cuda=False)):
+        with torch.no_grad():
+            model(ids)  # warm
+            t0 = time.perf_counter_ns()
+            rec.start()
+            model(ids)
+            raw = rec.stop()
+            wall = time.perf_counter_ns() - t0
+        events = rec.events(raw)
+        assert sum(ns for _, ns in events) < wall
+        got[type(rec).__name__] = categorize_events(events, cpu_ops=True)
+        linears = [n for n, _ in events if n == "aten::linear"]
+        assert len(linears) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, then lm_head
+    legacy, kineto = got["_CpuLegacyRecorder"], got["_KinetoRecorder"]
+    assert {c: n for c, (_, n) in legacy.items()} == {c: n for c, (_, n) in kineto.items()}
+
+
+def test_sampler_reuses_one_worker_and_ends_it(model) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    sampler = KernelSampler(every=2).attach()
+    run_steps(model, 7)  # samples at 2, 4, 6
+    workers = [t for t in threading.enumerate() if t.name == "gpuprobe-kernels"]
+    sampler.detach()
+    assert sampler.samples == 3
+    assert len(workers) == 1
+    workers[0].join(5)
+    assert not workers[0].is_alive()
+
+
+def test_sampler_leaves_a_profile_window_its_steps(model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "w.json"
+    sampler = KernelSampler(every=3).attach()
+    window = gpuprobe.profile("3-4", output=str(out))  # step 3 would be sampled: the window wins
+    before = dropped("kernel_sampling_busy")
+    run_steps(model, 8)  # samples at 6; 3 skipped
+    sampler.detach()
+    assert window.state == "done", window.error
+    assert {n for n in trace_names(out) if n.startswith("mystep")} == {"mystep3", "mystep4"}
+    assert sampler.samples == 1
+    assert dropped("kernel_sampling_busy") - before == 1
+
+
+def test_sampler_leaves_a_running_torch_profiler_alone(model) -> None:  # type: ignore[no-untyped-def]
+    sampler = KernelSampler(every=1).attach()
+    before = dropped("kernel_sampling_busy")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run_steps(model, 4)  # steps 0-3; 1, 2 and 3 would be sampled
+    sampler.detach()
+    assert sampler.samples == 0
+    assert dropped("kernel_sampling_busy") - before == 3
+    assert any(e.name == "mystep3" for e in prof.events())  # the user's profile is whole
+
+
 def test_categorize_events_on_real_gpu_kernels() -> None:
     src = LOCAL / "hta_sampled_rank-0.json.gz"
     if not src.exists():
@@ -151,3 +220,34 @@ def test_window_over_instrumented_generate_gives_the_report_its_steps(model, tmp
     assert marks == ["gpuprobe.step#2", "gpuprobe.step#3", "gpuprobe.step#4", "gpuprobe.step#5"]
     report = analyze(str(out)).to_dict()
     assert len(report["steps"]["rows"]) == 4
+
+
+@pytest.mark.cuda
+def test_kernel_sampler_on_cuda_counts_every_kernel_of_the_step(exporter: InMemoryExporter) -> None:
+    # Expected values from an independent torch.profiler run of the same, deterministic step.
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    model = transformers.LlamaForCausalLM(cfg).eval().cuda()
+    ids = torch.randint(0, 128, (1, 8), device="cuda")
+
+    def step() -> None:
+        with torch.no_grad():
+            model(ids)
+        torch.cuda.synchronize()
+
+    step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+    cuda = torch.autograd.DeviceType.CUDA
+    expected = sum(1 for e in prof.profiler.kineto_results.events() if e.device_type() == cuda)
+
+    sampler = KernelSampler(every=2).attach()
+    for _ in range(4):  # steps 0-3: step 2 is sampled
+        gpuprobe.step()
+        step()
+    sampler.detach()
+    assert sampler.samples == 1
+    launches = exporter.observations("gpuprobe.kernel.launches")
+    assert sum(o.value for o in launches) == expected
+    assert "gemm" in {o.attrs["category"] for o in launches}

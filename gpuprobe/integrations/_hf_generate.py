@@ -127,6 +127,7 @@ class ModelState:
         self.originals: dict[str, Any] = {}  # seam name -> callable (bound) run underneath
         self.saved: dict[str, Any] = {}  # seam name -> instance attribute that was there before
         self.decode_count = 0
+        self.generate_is_mixin = False  # set by instrument(): the class keeps GenerationMixin.generate
         self._lock = threading.Lock()
         self._nvtx_cache: dict[tuple[str, str, int], Any] = {}
         rt.backends()

@@ -311,7 +311,7 @@ def is_instrumented(model: Any) -> bool:
         False
     """
     d = getattr(model, "__dict__", None)
-    return bool(d) and d.get(_g.STATE_KEY) is not None
+    return isinstance(d, dict) and d.get(_g.STATE_KEY) is not None
 
 
 # -- class-wide ---------------------------------------------------------------------------------

@@ -563,7 +563,7 @@ def build_injection_library(cache_dir: str | os.PathLike[str] | None = None, *, 
     key = digest.hexdigest()[:20]
 
     explicit = cache_dir is not None
-    dirs = [Path(cache_dir)] if explicit else [_default_cache_dir()]
+    dirs = [Path(cache_dir)] if cache_dir is not None else [_default_cache_dir()]
     if not explicit:
         dirs.append(Path(tempfile.gettempdir()) / f"gpuprobe-nvtx-{os.getuid()}")
 
