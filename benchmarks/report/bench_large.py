@@ -1,12 +1,12 @@
 """Report a synthetic kineto trace of 1 GB or more and check peak memory stays under 500 MB.
 
 The trace is written streaming by ``make_synthetic_trace.py`` (under /tmp by default, never in the
-repository). The report runs in a child process (``gpuprobe report --format json``); its peak RSS
-is read with ``resource.getrusage(RUSAGE_CHILDREN)`` once it has exited (the only child of this
-process), and the wall time around it. The figures go into RESULTS.md.
+repository). Each report runs in its own child process (``gpuprobe report --format json``), which
+prints its peak RSS (``getrusage(RUSAGE_SELF)``) as it exits; the wall time is taken around it.
+Several sizes give one row each. The figures go into RESULTS.md.
 
 Example:
-    python benchmarks/report/bench_large.py --size-gb 1.0
+    python benchmarks/report/bench_large.py --size-gb 1 2
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -30,20 +29,15 @@ from make_synthetic_trace import write_trace  # noqa: E402
 
 LIMIT_MB = 500
 CHILD = (
-    "import sys; from gpuprobe.report.cli import main_report; "
-    "sys.exit(main_report([sys.argv[1], '--format', 'json', '--output', sys.argv[2], '--no-progress']))"
+    "import resource, sys; from gpuprobe.report.cli import main_report; "
+    "rc = main_report([sys.argv[1], '--format', 'json', '--output', sys.argv[2], '--no-progress']); "
+    "print('peak_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
 )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", default=os.path.join(tempfile.gettempdir(), "gpuprobe-synthetic-1gb.json"))
-    parser.add_argument("--size-gb", type=float, default=1.0)
-    parser.add_argument("--keep", action="store_true", help="keep the trace for the next run")
-    parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
-    args = parser.parse_args(argv)
-    target = int(args.size_gb * 1e9)
-    path = Path(args.path)
+def run_one(path: Path, size_gb: float, keep: bool) -> tuple[str, bool] | int:
+    """Write the trace if needed, report it in a child; the table row and whether it kept the limit."""
+    target = int(size_gb * 1e9)
     if not path.exists() or path.stat().st_size < target:
         t0 = time.perf_counter()
         tmp = path.with_suffix(".tmp")
@@ -59,36 +53,61 @@ def main(argv: list[str] | None = None) -> int:
         [sys.executable, "-c", CHILD, str(path), str(out_json)], env=env, capture_output=True, text=True
     )
     wall = time.perf_counter() - t0
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
     if proc.returncode != 0:
         print(proc.stderr, file=sys.stderr)
         return proc.returncode
+    peak_mb = int(proc.stdout.split("peak_kib")[-1].split()[0]) / 1024  # KiB on Linux
     import json
 
     summary = json.loads(out_json.read_text())["summary"]
     events = sum(summary["events"].values())
     out_json.unlink()
-    if not args.keep:
+    if not keep:
         path.unlink()
     ok = peak_mb < LIMIT_MB
+    row = (
+        f"| {size / 1e9:.2f} GB | {events:,} | {summary['step_count']:,} | {wall:.1f} s | {size / 1e6 / wall:.0f} MB/s "
+        f"| {peak_mb:.0f} MB | {peak_mb * 2**20 / events:.0f} B | {LIMIT_MB} MB {'(ok)' if ok else '(EXCEEDED)'} |"
+    )
+    print(row, file=sys.stderr)
+    return row, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", default=os.path.join(tempfile.gettempdir(), "gpuprobe-synthetic-{size}gb.json"),
+                        help="where the trace is written; {size} is replaced by the size in GB")
+    parser.add_argument("--size-gb", type=float, nargs="+", default=[1.0])
+    parser.add_argument("--keep", action="store_true", help="keep the traces for the next run")
+    parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    args = parser.parse_args(argv)
+    rows = []
+    all_ok = True
+    for size_gb in args.size_gb:
+        got = run_one(Path(args.path.replace("{size}", f"{size_gb:g}")), size_gb, args.keep)
+        if isinstance(got, int):
+            return got
+        rows.append(got[0])
+        all_ok = all_ok and got[1]
+    sizes = " ".join(f"{x:g}" for x in args.size_gb)
     lines = [
         "## Large trace (synthetic kineto, streaming)",
         "",
-        f"{datetime.date.today()}, {machine()}; `python benchmarks/report/bench_large.py --size-gb {args.size_gb:g}`",
+        f"{datetime.date.today()}, {machine()}; `python benchmarks/report/bench_large.py --size-gb {sizes}`",
         "",
-        "The report runs in a child process (`gpuprobe report --format json`, every section); peak RSS from "
-        "`getrusage(RUSAGE_CHILDREN)`. Events used: kernels, copies, sets, runtime calls, CPU operators and "
-        "ranges (flow and metadata events are read and dropped).",
+        "Each report runs in its own child process (`gpuprobe report --format json`, every section), which "
+        "reports its peak RSS (`getrusage(RUSAGE_SELF)`). Events used: kernels, copies, sets, runtime calls, "
+        "CPU operators and ranges (flow and metadata events are read and dropped). Per event: peak RSS / "
+        "events used, the interpreter and imports included.",
         "",
-        "| trace size | events used | steps | wall time | throughput | peak RSS | limit |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {size / 1e9:.2f} GB | {events:,} | {summary['step_count']:,} | {wall:.1f} s | {size / 1e6 / wall:.0f} MB/s "
-        f"| {peak_mb:.0f} MB | {LIMIT_MB} MB {'(ok)' if ok else '(EXCEEDED)'} |",
+        "| trace size | events used | steps | wall time | throughput | peak RSS | per event | limit |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
     ]
     print("\n".join(lines))
     if not args.no_write:
         update_section("large", "\n".join(lines))
-    return 0 if ok else 1
+    return 0 if all_ok else 1
 
 
 if __name__ == "__main__":

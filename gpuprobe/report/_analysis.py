@@ -141,30 +141,33 @@ class Collector:
         self.threads: dict[tuple[object, object], int] = {}
         self.streams: dict[tuple[int, int], int] = {}
         self.dirs: dict[str, int] = {}
+        # Why typed arrays of the narrowest width: they hold one entry per GPU operation and launch
+        # of traces up to several GB; times, byte counts and correlation keys need 64 bits, indexes
+        # into the name/thread/stream tables fit 32 bits ("i"), copy directions 16 ("h"), kinds 8 ("b").
         # GPU operations
         self.g_kind = array("b")
-        self.g_name = array("q")
+        self.g_name = array("i")
         self.g_start = array("q")
         self.g_dur = array("q")
         self.g_corr = array("q")
         self.g_bytes = array("q")
-        self.g_dir = array("q")
-        self.g_where = array("q")
+        self.g_dir = array("h")
+        self.g_where = array("i")
         # launch calls (kernel, memcpy, memset)
         self.l_kind = array("b")
         self.l_start = array("q")
         self.l_dur = array("q")
         self.l_corr = array("q")
-        self.l_thread = array("q")
+        self.l_thread = array("i")
         # sync calls
         self.s_start = array("q")
         self.s_dur = array("q")
-        self.s_thread = array("q")
+        self.s_thread = array("i")
         # ranges
-        self.r_name = array("q")
+        self.r_name = array("i")
         self.r_start = array("q")
         self.r_dur = array("q")
-        self.r_thread = array("q")
+        self.r_thread = array("i")
         self.api: dict[str, list[int]] = {}
         self.cpu: dict[str, list[int]] = {}
         self.long_cpu: list[tuple[int, int, str, str, int, str]] = []

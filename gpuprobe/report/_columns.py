@@ -257,38 +257,42 @@ class NumpyColumns:
         self.np = np
         i64 = np.int64
 
-        def col(arr: Any, dtype: Any = i64) -> Any:
-            return np.frombuffer(arr, dtype=dtype) if len(arr) else np.zeros(0, dtype=dtype)
+        def col(arr: Any) -> Any:
+            # Zero-copy view of the collector's typed array (its width: see Collector).
+            return np.frombuffer(arr, dtype=np.dtype(arr.typecode)) if len(arr) else np.zeros(0, dtype=arr.typecode)
 
-        self.g_kind = col(c.g_kind, np.int8)
+        # Memory: these columns live for the whole report, one entry per GPU operation or launch of
+        # traces up to several GB, so only what the sections read is kept, in its narrowest type;
+        # per-window values are gathered through m_idx when asked for.
+        self.g_kind = col(c.g_kind)
         self.g_name = col(c.g_name)
         self.g_start = col(c.g_start)
         self.g_dur = col(c.g_dur)
-        self.g_end = self.g_start + self.g_dur
         self.g_bytes = col(c.g_bytes)
         self.g_dir = col(c.g_dir)
         self.g_where = col(c.g_where)
-        cats = np.array(cat_of_name or [0], dtype=i64)
-        self.g_cat = cats[self.g_name] if len(self.g_name) else np.zeros(0, dtype=i64)
+        cats = np.array(cat_of_name or [0], dtype=np.int8)
+        self.g_cat = cats[self.g_name] if len(self.g_name) else np.zeros(0, dtype=np.int8)
         self.g_cat[self.g_kind == 1] = memcpy_cat
         self.g_cat[self.g_kind == 2] = memset_cat
         self.is_kernel = self.g_kind == 0
         self.l_start = col(c.l_start)
         self.l_dur = col(c.l_dur)
         self.l_thread = col(c.l_thread)
-        l_corr = col(c.l_corr)
-        g_corr = col(c.g_corr)
         self.n_gpu = len(self.g_kind)
         self.n_launch = len(self.l_start)
         # join: sort launches by correlation key; a stable sort keeps the first of equal keys first
         g_launch = np.full(self.n_gpu, -1, dtype=i64)
         if self.n_launch and self.n_gpu:
+            l_corr = col(c.l_corr)
+            g_corr = col(c.g_corr)
             order = np.argsort(l_corr, kind="stable")
-            keys = l_corr[order]
-            pos = np.searchsorted(keys, g_corr)
-            pos_c = np.minimum(pos, self.n_launch - 1)
-            hit = (g_corr >= 0) & (pos < self.n_launch) & (keys[pos_c] == g_corr)
-            g_launch[hit] = order[pos_c[hit]]
+            pos = np.searchsorted(l_corr[order], g_corr)
+            np.minimum(pos, self.n_launch - 1, out=pos)
+            pos = order[pos]  # the first launch with the nearest key at or above each operation's
+            hit = (g_corr >= 0) & (l_corr[pos] == g_corr)
+            g_launch[hit] = pos[hit]
+            del order, pos, hit, l_corr, g_corr
         self.g_launch = g_launch
         matched = np.flatnonzero(g_launch >= 0)
         m_thread = self.l_thread[g_launch[matched]]
@@ -297,26 +301,24 @@ class NumpyColumns:
         self.m_idx = matched[order]
         self.m_thread = m_thread[order]
         self.m_lstart = m_lstart[order]
+        del matched, m_thread, m_lstart, order
         idx = self.m_idx
-        self.m_start = self.g_start[idx]
-        self.m_end = self.g_end[idx]
-        self.m_dur = self.g_dur[idx]
-        self.m_cat = self.g_cat[idx]
-        self.m_name = self.g_name[idx]
 
         def cum(values: Any) -> Any:
             return np.concatenate(([0], np.cumsum(values, dtype=i64)))
 
         kernel = self.is_kernel[idx]
         self.cum = {
-            "kernel_ns": cum(np.where(kernel, self.m_dur, 0)),
-            "kernels": cum(kernel.astype(i64)),
+            "kernel_ns": cum(np.where(kernel, self.g_dur[idx], 0)),
+            "kernels": cum(kernel),
             "memcpy_bytes": cum(np.where(self.g_kind[idx] == 1, np.maximum(self.g_bytes[idx], 0), 0)),
         }
+        del kernel
         lo = np.lexsort((np.arange(self.n_launch), self.l_start, self.l_thread))
         self.ls_thread = self.l_thread[lo]
         self.ls_start = self.l_start[lo]
         self.cum["launch_ns"] = cum(self.l_dur[lo])
+        del lo
         s_start, s_thread = col(c.s_start), col(c.s_thread)
         so = np.lexsort((np.arange(len(s_start)), s_start, s_thread))
         self.ss_thread = s_thread[so]
@@ -347,17 +349,19 @@ class NumpyColumns:
         if not len(starts):
             return 0
         order = np.argsort(starts, kind="stable")
+        cover = ends[order]
+        np.maximum.accumulate(cover, out=cover)
         s = starts[order]
-        cover = np.maximum.accumulate(ends[order])
-        before = np.empty_like(cover)
-        before[0] = s[0]
-        before[1:] = cover[:-1]
-        # interval i adds what its running end passes beyond both its start and the cover so far
-        added = cover - np.maximum(s, before)
-        return int(added[added > 0].sum())
+        del order
+        # Interval i adds what its running end passes beyond both its start and the cover so far
+        # (the running end of i - 1). In place: on a whole trace these are its largest temporaries.
+        np.maximum(s[1:], cover[:-1], out=s[1:])
+        np.subtract(cover, s, out=cover)
+        np.maximum(cover, 0, out=cover)
+        return int(cover.sum())
 
     def union_all(self) -> int:
-        return self._union(self.g_start, self.g_end)
+        return self._union(self.g_start, self.g_start + self.g_dur)
 
     def kernel_groups(self) -> list[tuple[int, int, int, int, int, int]]:
         np = self.np
@@ -458,16 +462,17 @@ class NumpyColumns:
     def busy_span(self, wins: Windows) -> tuple[int, int]:
         if not wins:
             return 0, 0
-        sel = self._sel(wins)
-        starts, ends = self.m_start[sel], self.m_end[sel]
+        idx = self.m_idx[self._sel(wins)]
+        starts = self.g_start[idx]
+        ends = starts + self.g_dur[idx]
         return self._union(starts, ends), int(ends.max() - starts.min())
 
     def categories(self, wins: Windows, n_cat: int) -> list[int]:
         if not wins:
             return [0] * n_cat
-        sel = self._sel(wins)
+        idx = self.m_idx[self._sel(wins)]
         out = self.np.zeros(n_cat, dtype=self.np.int64)
-        self.np.add.at(out, self.m_cat[sel], self.m_dur[sel])
+        self.np.add.at(out, self.g_cat[idx], self.g_dur[idx])
         return out.tolist()
 
     def family_quantiles(
@@ -476,19 +481,20 @@ class NumpyColumns:
         np = self.np
         if not step_wins or not n_fam:
             return {}
-        fam = np.array(fam_of_name, dtype=np.int64)[self.m_name] if len(self.m_name) else np.zeros(0, np.int64)
+        fam_of = np.array(fam_of_name, dtype=np.int64)
         keep = np.arange(n_fam)
         if len(step_wins) * n_fam > self._MAX_FAMILY_CELLS:
             # why: bound the steps x families matrix; the biggest families are the ones a diff shows
-            totals = np.bincount(fam, weights=self.m_dur, minlength=n_fam)
+            idx = self.m_idx
+            totals = np.bincount(fam_of[self.g_name[idx]], weights=self.g_dur[idx], minlength=n_fam)
             keep = np.argsort(-totals, kind="stable")[: max(1, self._MAX_FAMILY_CELLS // len(step_wins))]
         column = np.full(n_fam, len(keep), dtype=np.int64)
         column[keep] = np.arange(len(keep))
         matrix = np.zeros((len(step_wins), len(keep) + 1), dtype=np.int64)
         for row, wins in enumerate(step_wins):
             if wins:
-                sel = self._sel(wins)
-                np.add.at(matrix[row], column[fam[sel]], self.m_dur[sel])
+                idx = self.m_idx[self._sel(wins)]
+                np.add.at(matrix[row], column[fam_of[self.g_name[idx]]], self.g_dur[idx])
         out = {}
         present = matrix[:, :-1].any(axis=0)
         for j in np.flatnonzero(present).tolist():
