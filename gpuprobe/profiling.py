@@ -456,7 +456,8 @@ class _CpuLegacyRecorder(_Recorder):
 
     Why not kineto on CPU: for a step of ~1,800 operators the kineto CPU trace costs ~12 ms on the
     generation thread (start 0.6, recording 2.9, stop 8.3); this state records the same operators for
-    ~6 ms (0.1, 2.4, 3.3), which halves the sample's cost. Chosen only when torch still has it.
+    ~6 ms (0.1, 2.4, 3.3). A whole sample costs a third less (benchmarks/RESULTS-kernel-sampling.md),
+    and, unlike a kineto session, it keeps no memory afterwards. Chosen only when torch still has it.
     """
 
     cpu_ops = True
