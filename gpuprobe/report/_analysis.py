@@ -243,16 +243,27 @@ class Collector:
                 if sid is None:
                     sid = streams[where] = len(streams)
                 g_where(sid)
-            elif kind == RUNTIME:
+            elif kind == RUNTIME or kind == CPU_OP:
+                # Runtime calls and CPU operators: count, total and longest per name, and the
+                # longest events overall. Inline, not a helper: this loop runs once per event.
                 name = ev.name
-                agg = api.get(name)
+                table = api if kind == RUNTIME else cpu
+                agg = table.get(name)
                 if agg is None:
-                    api[name] = [1, dur, dur]
+                    table[name] = [1, dur, dur]
                 else:
                     agg[0] += 1
                     agg[1] += dur
                     if dur > agg[2]:
                         agg[2] = dur
+                if len(long_cpu) < keep_long:
+                    seq += 1
+                    heapq.heappush(long_cpu, (dur, seq, kind, name, start, _where(ev.pid, ev.tid)))
+                elif dur > long_cpu[0][0]:
+                    seq += 1
+                    heapq.heapreplace(long_cpu, (dur, seq, kind, name, start, _where(ev.pid, ev.tid)))
+                if kind == CPU_OP:
+                    continue
                 api_kind = launch_api_kind(name)
                 key = (ev.pid, ev.tid)
                 tid = threads.get(key)
@@ -272,28 +283,6 @@ class Collector:
                     s_start(start)
                     s_dur(dur)
                     s_thread(tid)
-                if len(long_cpu) < keep_long:
-                    seq += 1
-                    heapq.heappush(long_cpu, (dur, seq, RUNTIME, name, start, _where(ev.pid, ev.tid)))
-                elif dur > long_cpu[0][0]:
-                    seq += 1
-                    heapq.heapreplace(long_cpu, (dur, seq, RUNTIME, name, start, _where(ev.pid, ev.tid)))
-            elif kind == CPU_OP:
-                name = ev.name
-                agg = cpu.get(name)
-                if agg is None:
-                    cpu[name] = [1, dur, dur]
-                else:
-                    agg[0] += 1
-                    agg[1] += dur
-                    if dur > agg[2]:
-                        agg[2] = dur
-                if len(long_cpu) < keep_long:
-                    seq += 1
-                    heapq.heappush(long_cpu, (dur, seq, CPU_OP, name, start, _where(ev.pid, ev.tid)))
-                elif dur > long_cpu[0][0]:
-                    seq += 1
-                    heapq.heapreplace(long_cpu, (dur, seq, CPU_OP, name, start, _where(ev.pid, ev.tid)))
             elif kind == RANGE:
                 name = ev.name
                 nid = other_names.get(name)

@@ -125,6 +125,11 @@ def _report_tables(report: Report) -> list[_Table]:
         f"launches: {s.launch_count:,} calls, {format_ns(s.launch_api_ns)} in the API; steps: {s.step_count:,}",
     ]
     tables.append(_Table("summary", "Summary", [], [], lines))
+    step_spread_cols = [
+        _Column("per step (median)", "step_median_ns", "ns"),
+        _Column("p10", "step_p10_ns", "ns"),
+        _Column("p90", "step_p90_ns", "ns"),
+    ]
     kernel_cols = [
         _Column("kernel", "short_name", "name"),
         _Column("category", "category"),
@@ -159,9 +164,7 @@ def _report_tables(report: Report) -> list[_Table]:
                     _Column("count", "count", "int"),
                     _Column("total", "total_ns", "ns"),
                     _Column("share", "share", "share"),
-                    _Column("per step (median)", "step_median_ns", "ns"),
-                    _Column("p10", "step_p10_ns", "ns"),
-                    _Column("p90", "step_p90_ns", "ns"),
+                    *step_spread_cols,
                 ],
                 c.rows,
                 [f"'other' holds {c.other_share * 100:.1f} % of GPU time"],
@@ -179,9 +182,7 @@ def _report_tables(report: Report) -> list[_Table]:
                     _Column("count", "count", "int"),
                     _Column("total", "total_ns", "ns"),
                     _Column("share", "share", "share"),
-                    _Column("per step (median)", "step_median_ns", "ns"),
-                    _Column("p10", "step_p10_ns", "ns"),
-                    _Column("p90", "step_p90_ns", "ns"),
+                    *step_spread_cols,
                 ],
                 report.families.rows,
             )

@@ -221,6 +221,14 @@ class NvtxRange:
         return self.end_ts is not None
 
 
+def _open_range(e: NvtxEvent, index: int, depth: int, parent: int | None,
+                path: tuple[str | None, ...]) -> dict[str, Any]:
+    """The fields of an :class:`NvtxRange` opened by ``e``; its end is filled in when it closes."""
+    return dict(message=e.message, domain=e.domain, thread=e.thread, pid=e.pid, depth=depth, parent=parent,
+                path=path, start_ts=e.ts, end_ts=None, category=e.category, category_name=e.category_name,
+                payload=e.payload, payload_type=e.payload_type, index=index, end_thread=None)
+
+
 @dataclasses.dataclass
 class NvtxCapture:
     """The events of one capture, with helpers to check them.
@@ -317,25 +325,7 @@ class NvtxCapture:
             if e.kind == "push":
                 parent = stack[-1] if stack else None
                 path = (fields[parent]["path"] if parent is not None else ()) + (e.message,)
-                fields.append(
-                    dict(
-                        message=e.message,
-                        domain=e.domain,
-                        thread=e.thread,
-                        pid=e.pid,
-                        depth=len(stack),
-                        parent=parent,
-                        path=path,
-                        start_ts=e.ts,
-                        end_ts=None,
-                        category=e.category,
-                        category_name=e.category_name,
-                        payload=e.payload,
-                        payload_type=e.payload_type,
-                        index=len(fields),
-                        end_thread=None,
-                    )
-                )
+                fields.append(_open_range(e, len(fields), len(stack), parent, path))
                 stack.append(len(fields) - 1)
             elif stack:
                 idx = stack.pop()
@@ -356,25 +346,7 @@ class NvtxCapture:
             key = (e.pid, e.range_id or 0)
             if e.kind == "range_start":
                 by_id[key] = len(out)
-                out.append(
-                    dict(
-                        message=e.message,
-                        domain=e.domain,
-                        thread=e.thread,
-                        pid=e.pid,
-                        depth=0,
-                        parent=None,
-                        path=(e.message,),
-                        start_ts=e.ts,
-                        end_ts=None,
-                        category=e.category,
-                        category_name=e.category_name,
-                        payload=e.payload,
-                        payload_type=e.payload_type,
-                        index=len(out),
-                        end_thread=None,
-                    )
-                )
+                out.append(_open_range(e, len(out), 0, None, (e.message,)))
             elif key in by_id:
                 idx = by_id.pop(key)
                 out[idx]["end_ts"] = e.ts
