@@ -1,9 +1,18 @@
 """Column arithmetic behind the report, twice: numpy (fast path) and plain Python (its twin).
 
-Both classes take the columns a :class:`~gpuprobe.report._analysis.Collector` gathered and
-answer the same questions (joins, group-bys, windows, unions) with plain Python values, so the
-report code above them is shared. The Python twin serves small traces (it needs no numpy, whose
-import alone costs 16 MB of RSS) and is the reference the numpy path is tested against.
+Both classes take the tables a :class:`~gpuprobe.report._scan.TraceScan` filled and answer the
+same questions (joins, group-bys, windows, unions) with plain Python values, so the report code
+above them is shared. The Python twin serves small traces (it needs no numpy, whose import alone
+costs 16 MB of RSS) and is the reference the numpy path is tested against.
+
+Three tables are kept in (thread, start) order, each behind a :class:`ByThread` index, so that the
+rows of one thread inside a time window are a contiguous run of positions (a window):
+
+- GPU operations linked to a launch call, by their launch's thread and start;
+- launch calls;
+- sync calls.
+
+Running sums over those orders (``cum_*``) turn the total of a window into two lookups.
 """
 
 from __future__ import annotations
@@ -12,14 +21,126 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from gpuprobe.report._analysis import Collector
+from gpuprobe.report._scan import GpuOpKind, TraceScan
 
-__all__ = ["NumpyColumns", "PythonColumns", "quantile", "union_of"]
+__all__ = [
+    "ByThread",
+    "DelayStats",
+    "JoinCounts",
+    "KernelGroup",
+    "MemoryGroup",
+    "NumpyColumns",
+    "OpRow",
+    "PythonColumns",
+    "Spread",
+    "Windows",
+    "quantile",
+    "spread_of",
+    "union_of",
+]
 
+#: Runs ``[lo, hi)`` of positions in one :class:`ByThread` order.
 Windows = list[tuple[int, int]]
+
+_KERNEL = GpuOpKind.KERNEL.value
+_MEMCPY = GpuOpKind.MEMCPY.value
+_MEMSET = GpuOpKind.MEMSET.value
+
+
+# The results below are small classes with __slots__ rather than dataclasses. Why: a frozen, slotted
+# dataclass costs 0.9 ms to define at import (a class with __slots__ under 0.01 ms), and this module is
+# imported by every `gpuprobe report` run. Their constructors take keywords only.
+
+
+class KernelGroup:
+    """The kernels of one name."""
+
+    __slots__ = ("name_id", "count", "total_ns", "median_ns", "min_ns", "max_ns")
+
+    def __init__(self, *, name_id: int, count: int, total_ns: int, median_ns: int, min_ns: int, max_ns: int) -> None:
+        self.name_id = name_id
+        self.count = count
+        self.total_ns = total_ns
+        self.median_ns = median_ns
+        self.min_ns = min_ns
+        self.max_ns = max_ns
+
+
+class Spread:
+    """p10, median and p90 of some values (linear interpolation, rounded to whole numbers)."""
+
+    __slots__ = ("p10", "median", "p90")
+
+    def __init__(self, *, p10: int, median: int, p90: int) -> None:
+        self.p10 = p10
+        self.median = median
+        self.p90 = p90
+
+
+class DelayStats:
+    """Launch-to-start delays of the GPU operations linked to a launch call; ``None`` when there are none."""
+
+    __slots__ = ("count", "mean_ns", "median_ns", "p90_ns", "max_ns")
+
+    def __init__(
+        self, *, count: int, mean_ns: int | None, median_ns: int | None, p90_ns: int | None, max_ns: int | None
+    ) -> None:
+        self.count = count
+        self.mean_ns = mean_ns
+        self.median_ns = median_ns
+        self.p90_ns = p90_ns
+        self.max_ns = max_ns
+
+
+class JoinCounts:
+    """How well launch calls and GPU operations matched through their correlation keys."""
+
+    __slots__ = ("ops_without_launch", "launches_with_op")
+
+    def __init__(self, *, ops_without_launch: int, launches_with_op: int) -> None:
+        self.ops_without_launch = ops_without_launch
+        self.launches_with_op = launches_with_op
+
+
+class MemoryGroup:
+    """Copies or sets of one direction; ``kind`` is a :class:`~gpuprobe.report._scan.GpuOpKind`."""
+
+    __slots__ = ("kind", "direction_id", "count", "nbytes", "total_ns")
+
+    def __init__(self, *, kind: int, direction_id: int, count: int, nbytes: int, total_ns: int) -> None:
+        self.kind = kind
+        self.direction_id = direction_id
+        self.count = count
+        self.nbytes = nbytes
+        self.total_ns = total_ns
+
+
+class OpRow:
+    """One GPU operation; ``kind`` is a :class:`~gpuprobe.report._scan.GpuOpKind`."""
+
+    __slots__ = ("kind", "name_id", "start", "dur", "stream_id")
+
+    def __init__(self, *, kind: int, name_id: int, start: int, dur: int, stream_id: int) -> None:
+        self.kind = kind
+        self.name_id = name_id
+        self.start = start
+        self.dur = dur
+        self.stream_id = stream_id
+
+
+class ByThread(Protocol):
+    """Rows of one table in (thread, start) order: the rows of a thread, and of a time window."""
+
+    def threads(self) -> list[int]:
+        """The distinct threads, in order."""
+
+    def bounds(self, thread: int) -> tuple[int, int]:
+        """Positions ``[lo, hi)`` of the rows of ``thread``."""
+
+    def window(self, bounds: tuple[int, int], start: int, end: int) -> tuple[int, int]:
+        """Positions, within ``bounds``, of the rows whose start lies in ``[start, end)``."""
 
 
 def quantile(sorted_values: Sequence[Any], q: float) -> float:
@@ -36,6 +157,17 @@ def quantile(sorted_values: Sequence[Any], q: float) -> float:
     a = int(sorted_values[lo])
     b = int(sorted_values[hi])
     return a + (b - a) * (pos - lo)
+
+
+def spread_of(sorted_values: Sequence[Any]) -> Spread:
+    """p10, median and p90 of sorted values, rounded to whole numbers.
+
+    Example:
+        >>> s = spread_of([0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]); (s.p10, s.median, s.p90)
+        (10, 50, 90)
+    """
+    p10, median, p90 = (int(round(quantile(sorted_values, q))) for q in (0.1, 0.5, 0.9))
+    return Spread(p10=p10, median=median, p90=p90)
 
 
 def union_of(pairs: list[tuple[int, int]]) -> int:
@@ -57,193 +189,259 @@ def union_of(pairs: list[tuple[int, int]]) -> int:
     return total
 
 
-def _order_stats(sorted_values: Any, total: int) -> tuple[int, int | None, int | None, int | None, int | None]:
-    n = len(sorted_values)
+def _delay_stats(sorted_delays: Any, total: int) -> DelayStats:
+    n = len(sorted_delays)
     if not n:
-        return 0, None, None, None, None
-    return (
-        n,
-        total // n,
-        int(round(quantile(sorted_values, 0.5))),
-        int(round(quantile(sorted_values, 0.9))),
-        int(sorted_values[-1]),
+        return DelayStats(count=0, mean_ns=None, median_ns=None, p90_ns=None, max_ns=None)
+    return DelayStats(
+        count=n,
+        mean_ns=total // n,
+        median_ns=int(round(quantile(sorted_delays, 0.5))),
+        p90_ns=int(round(quantile(sorted_delays, 0.9))),
+        max_ns=int(sorted_delays[-1]),
     )
 
 
-class PythonColumns:
-    """The report's column arithmetic with lists, ``sorted`` and ``bisect``."""
+class _ListByThread:
+    """A :class:`ByThread` over lists, searched with :mod:`bisect`."""
 
-    def __init__(self, c: Collector, cat_of_name: list[int], memcpy_cat: int, memset_cat: int) -> None:
-        self.g_kind = list(c.g_kind)
-        self.g_name = list(c.g_name)
-        self.g_start = list(c.g_start)
-        self.g_dur = list(c.g_dur)
-        self.g_end = [s + d for s, d in zip(self.g_start, self.g_dur)]
-        self.g_bytes = list(c.g_bytes)
-        self.g_dir = list(c.g_dir)
-        self.g_where = list(c.g_where)
-        special = {1: memcpy_cat, 2: memset_cat}
-        self.g_cat = [special.get(k, cat_of_name[n] if k == 0 else 0) for k, n in zip(self.g_kind, self.g_name)]
-        self.l_start = list(c.l_start)
-        self.l_dur = list(c.l_dur)
-        self.l_thread = list(c.l_thread)
-        self.n_gpu = len(self.g_kind)
-        self.n_launch = len(self.l_start)
+    __slots__ = ("thread", "start")
+
+    def __init__(self, thread: list[int], start: list[int]) -> None:
+        self.thread = thread
+        self.start = start
+
+    def threads(self) -> list[int]:
+        return sorted(set(self.thread))
+
+    def bounds(self, thread: int) -> tuple[int, int]:
+        return bisect.bisect_left(self.thread, thread), bisect.bisect_right(self.thread, thread)
+
+    def window(self, bounds: tuple[int, int], start: int, end: int) -> tuple[int, int]:
+        lo, hi = bounds
+        return bisect.bisect_left(self.start, start, lo, hi), bisect.bisect_left(self.start, end, lo, hi)
+
+
+class _ArrayByThread:
+    """A :class:`ByThread` over numpy arrays, searched with ``searchsorted``."""
+
+    __slots__ = ("np", "thread", "start")
+
+    def __init__(self, np: Any, thread: Any, start: Any) -> None:
+        self.np = np
+        self.thread = thread
+        self.start = start
+
+    def threads(self) -> list[int]:
+        return self.np.unique(self.thread).tolist()
+
+    def bounds(self, thread: int) -> tuple[int, int]:
+        np = self.np
+        return int(np.searchsorted(self.thread, thread, "left")), int(np.searchsorted(self.thread, thread, "right"))
+
+    def window(self, bounds: tuple[int, int], start: int, end: int) -> tuple[int, int]:
+        lo, hi = bounds
+        if lo == hi:
+            return lo, lo
+        col = self.start[lo:hi]
+        np = self.np
+        return lo + int(np.searchsorted(col, start, "left")), lo + int(np.searchsorted(col, end, "left"))
+
+
+class PythonColumns:
+    """The report's column arithmetic with lists, ``sorted`` and ``bisect``.
+
+    Args:
+        scan: The finished pass.
+        cat_of_name: Category index of each kernel name id.
+        memcpy_cat: Category index of copies.
+        memset_cat: Category index of sets.
+    """
+
+    def __init__(self, scan: TraceScan, cat_of_name: list[int], memcpy_cat: int, memset_cat: int) -> None:
+        ops, launches, syncs, ranges = scan.ops, scan.launches, scan.syncs, scan.ranges
+        self.op_kind = list(ops.kind)
+        self.op_name_id = list(ops.name_id)
+        self.op_start = list(ops.start)
+        self.op_dur = list(ops.dur)
+        self.op_end = [s + d for s, d in zip(self.op_start, self.op_dur)]
+        self.op_nbytes = list(ops.nbytes)
+        self.op_direction_id = list(ops.direction_id)
+        self.op_stream_id = list(ops.stream_id)
+        cat_of_kind = {_MEMCPY: memcpy_cat, _MEMSET: memset_cat}
+        self.op_category = [
+            cat_of_name[n] if k == _KERNEL else cat_of_kind[k] for k, n in zip(self.op_kind, self.op_name_id)
+        ]
+        self.launch_start = list(launches.start)
+        self.launch_dur = list(launches.dur)
+        self.launch_thread = list(launches.thread_id)
+        self.n_ops = len(self.op_kind)
+        self.n_launches = len(self.launch_start)
+        self.n_syncs = len(syncs)
         # join: the first launch of each correlation key
         first: dict[int, int] = {}
-        for i, key in enumerate(c.l_corr):
+        for i, key in enumerate(launches.corr):
             if key >= 0:
                 first.setdefault(key, i)
-        self.g_launch = [first.get(key, -1) if key >= 0 else -1 for key in c.g_corr]
-        matched = sorted(
-            (i for i in range(self.n_gpu) if self.g_launch[i] >= 0),
-            key=lambda i: (self.l_thread[self.g_launch[i]], self.l_start[self.g_launch[i]]),
+        #: Per GPU operation, the position of its launch call; -1 if none.
+        self.op_launch = [first.get(key, -1) if key >= 0 else -1 for key in ops.corr]
+        op_launch, launch_thread, launch_start = self.op_launch, self.launch_thread, self.launch_start
+        linked = sorted(
+            (i for i in range(self.n_ops) if op_launch[i] >= 0),
+            key=lambda i: (launch_thread[op_launch[i]], launch_start[op_launch[i]]),
         )
-        self.m_idx = matched
-        self.m_thread = [self.l_thread[self.g_launch[i]] for i in matched]
-        self.m_lstart = [self.l_start[self.g_launch[i]] for i in matched]
-        self.cum = {
-            "kernel_ns": [0, *itertools.accumulate(self.g_dur[i] if self.g_kind[i] == 0 else 0 for i in matched)],
-            "kernels": [0, *itertools.accumulate(1 if self.g_kind[i] == 0 else 0 for i in matched)],
-            "memcpy_bytes": [
-                0,
-                *itertools.accumulate(max(self.g_bytes[i], 0) if self.g_kind[i] == 1 else 0 for i in matched),
-            ],
-        }
-        lorder = sorted(range(self.n_launch), key=lambda i: (self.l_thread[i], self.l_start[i]))
-        self.ls_thread = [self.l_thread[i] for i in lorder]
-        self.ls_start = [self.l_start[i] for i in lorder]
-        self.cum["launch_ns"] = [0, *itertools.accumulate(self.l_dur[i] for i in lorder)]
-        s_start, s_dur, s_thread = list(c.s_start), list(c.s_dur), list(c.s_thread)
+        #: The GPU operations with a launch call, in their launch's (thread, start) order.
+        self.linked_ops = linked
+        self.ops_by_launch = _ListByThread(
+            [launch_thread[op_launch[i]] for i in linked], [launch_start[op_launch[i]] for i in linked]
+        )
+        kind = self.op_kind
+        self.cum_kernel_ns = [0, *itertools.accumulate(self.op_dur[i] if kind[i] == _KERNEL else 0 for i in linked)]
+        self.cum_kernels = [0, *itertools.accumulate(1 if kind[i] == _KERNEL else 0 for i in linked)]
+        self.cum_memcpy_bytes = [
+            0,
+            *itertools.accumulate(max(self.op_nbytes[i], 0) if kind[i] == _MEMCPY else 0 for i in linked),
+        ]
+        lorder = sorted(range(self.n_launches), key=lambda i: (launch_thread[i], launch_start[i]))
+        self.launches_by_thread = _ListByThread([launch_thread[i] for i in lorder], [launch_start[i] for i in lorder])
+        self.cum_launch_ns = [0, *itertools.accumulate(self.launch_dur[i] for i in lorder)]
+        s_start, s_dur, s_thread = list(syncs.start), list(syncs.dur), list(syncs.thread_id)
         sorder = sorted(range(len(s_start)), key=lambda i: (s_thread[i], s_start[i]))
-        self.ss_thread = [s_thread[i] for i in sorder]
-        self.ss_start = [s_start[i] for i in sorder]
-        self.cum["sync_ns"] = [0, *itertools.accumulate(s_dur[i] for i in sorder)]
-        self.n_sync = len(s_start)
-        self.r_name, self.r_start, self.r_dur, self.r_thread = (
-            list(c.r_name),
-            list(c.r_start),
-            list(c.r_dur),
-            list(c.r_thread),
-        )
+        self.syncs_by_thread = _ListByThread([s_thread[i] for i in sorder], [s_start[i] for i in sorder])
+        self.cum_sync_ns = [0, *itertools.accumulate(s_dur[i] for i in sorder)]
+        self.range_name_id = list(ranges.name_id)
+        self.range_start = list(ranges.start)
+        self.range_dur = list(ranges.dur)
+        self.range_thread = list(ranges.thread_id)
 
     # ------------------------------------------------------------------ totals
 
     def kernel_count(self) -> int:
-        return sum(1 for k in self.g_kind if k == 0)
+        return sum(1 for k in self.op_kind if k == _KERNEL)
 
     def kernel_total(self) -> int:
-        return sum(d for k, d in zip(self.g_kind, self.g_dur) if k == 0)
-
-    def gpu_total(self) -> int:
-        return sum(self.g_dur)
+        return sum(d for k, d in zip(self.op_kind, self.op_dur) if k == _KERNEL)
 
     def launch_api_total(self) -> int:
-        return sum(self.l_dur)
+        return sum(self.launch_dur)
+
+    def sync_total(self) -> int:
+        return self.cum_sync_ns[-1]
 
     def union_all(self) -> int:
-        return union_of(list(zip(self.g_start, self.g_end)))
+        return union_of(list(zip(self.op_start, self.op_end)))
 
-    def kernel_groups(self) -> list[tuple[int, int, int, int, int, int]]:
-        """(name id, count, total, median, min, max) per kernel name, by name id."""
+    def kernel_groups(self) -> list[KernelGroup]:
+        """One group per kernel name, by name id."""
         by_name: dict[int, list[int]] = {}
-        for k, n, d in zip(self.g_kind, self.g_name, self.g_dur):
-            if k == 0:
+        for k, n, d in zip(self.op_kind, self.op_name_id, self.op_dur):
+            if k == _KERNEL:
                 by_name.setdefault(n, []).append(d)
         out = []
         for name in sorted(by_name):
             durs = sorted(by_name[name])
             count = len(durs)
-            median = (durs[(count - 1) // 2] + durs[count // 2]) // 2
-            out.append((name, count, sum(durs), median, durs[0], durs[-1]))
+            out.append(
+                KernelGroup(
+                    name_id=name,
+                    count=count,
+                    total_ns=sum(durs),
+                    median_ns=(durs[(count - 1) // 2] + durs[count // 2]) // 2,
+                    min_ns=durs[0],
+                    max_ns=durs[-1],
+                )
+            )
         return out
 
     def category_stats(self, n_cat: int) -> tuple[list[int], list[int]]:
+        """(count, total ns) per category index."""
         counts = [0] * n_cat
         totals = [0] * n_cat
-        for cat, d in zip(self.g_cat, self.g_dur):
+        for cat, d in zip(self.op_category, self.op_dur):
             counts[cat] += 1
             totals[cat] += d
         return counts, totals
 
-    def join_counts(self) -> tuple[int, int]:
-        """(GPU operations without a launch, launches linked to a GPU operation)."""
-        return sum(1 for x in self.g_launch if x < 0), len({x for x in self.g_launch if x >= 0})
+    def join_counts(self) -> JoinCounts:
+        return JoinCounts(
+            ops_without_launch=sum(1 for x in self.op_launch if x < 0),
+            launches_with_op=len({x for x in self.op_launch if x >= 0}),
+        )
 
-    def delay_stats(self) -> tuple[int, int | None, int | None, int | None, int | None]:
-        delays = sorted(self.g_start[i] - self.l_start[self.g_launch[i]] for i in self.m_idx)
-        return _order_stats(delays, sum(delays))
+    def delay_stats(self) -> DelayStats:
+        delays = sorted(self.op_start[i] - self.launch_start[self.op_launch[i]] for i in self.linked_ops)
+        return _delay_stats(delays, sum(delays))
 
-    def memory_groups(self) -> list[tuple[int, int, int, int, int]]:
+    def memory_groups(self) -> list[MemoryGroup]:
+        """Copies and sets by (kind, direction id)."""
         groups: dict[tuple[int, int], list[int]] = {}
-        for k, d, b, dur in zip(self.g_kind, self.g_dir, self.g_bytes, self.g_dur):
-            if k:
-                g = groups.setdefault((k, d), [0, 0, 0])
-                g[0] += 1
-                g[1] += max(b, 0)
-                g[2] += dur
-        return [(k, d, *v) for (k, d), v in sorted(groups.items())]  # type: ignore[misc]
+        for k, d, b, dur in zip(self.op_kind, self.op_direction_id, self.op_nbytes, self.op_dur):
+            if k != _KERNEL:
+                count_bytes_ns = groups.setdefault((k, d), [0, 0, 0])
+                count_bytes_ns[0] += 1
+                count_bytes_ns[1] += max(b, 0)
+                count_bytes_ns[2] += dur
+        return [
+            MemoryGroup(kind=k, direction_id=d, count=count, nbytes=nbytes, total_ns=total)
+            for (k, d), (count, nbytes, total) in sorted(groups.items())
+        ]
 
-    def top_gpu(self, n: int) -> list[tuple[int, int, int, int, int]]:
-        idx = sorted(range(self.n_gpu), key=lambda i: (-self.g_dur[i], i))[:n]
-        return [(self.g_kind[i], self.g_name[i], self.g_start[i], self.g_dur[i], self.g_where[i]) for i in idx]
+    def longest_ops(self, n: int) -> list[OpRow]:
+        """The ``n`` longest GPU operations, the earliest recorded first among equals."""
+        idx = sorted(range(self.n_ops), key=lambda i: (-self.op_dur[i], i))[:n]
+        return [
+            OpRow(
+                kind=self.op_kind[i],
+                name_id=self.op_name_id[i],
+                start=self.op_start[i],
+                dur=self.op_dur[i],
+                stream_id=self.op_stream_id[i],
+            )
+            for i in idx
+        ]
 
     # ---------------------------------------------------------------- windows
 
-    def threads(self, table: str) -> list[int]:
-        return sorted(set({"m": self.m_thread, "l": self.ls_thread, "s": self.ss_thread}[table]))
-
-    def bounds(self, table: str, thread: int) -> tuple[int, int]:
-        col = {"m": self.m_thread, "l": self.ls_thread, "s": self.ss_thread}[table]
-        return bisect.bisect_left(col, thread), bisect.bisect_right(col, thread)
-
-    def window(self, table: str, bounds: tuple[int, int], start: int, end: int) -> tuple[int, int]:
-        """Entries of one thread whose (launch) start lies in ``[start, end)``."""
-        col = {"m": self.m_lstart, "l": self.ls_start, "s": self.ss_start}[table]
-        lo, hi = bounds
-        return bisect.bisect_left(col, start, lo, hi), bisect.bisect_left(col, end, lo, hi)
-
-    def total(self, name: str, wins: Windows) -> int:
-        cum = self.cum[name]
+    def window_total(self, cum: list[int], wins: Windows) -> int:
+        """Sum over windows of the values behind the running sum ``cum``."""
         return sum(cum[hi] - cum[lo] for lo, hi in wins)
 
     def _ops(self, wins: Windows) -> list[int]:
-        return [self.m_idx[j] for lo, hi in wins for j in range(lo, hi)]
+        return [self.linked_ops[j] for lo, hi in wins for j in range(lo, hi)]
 
     def busy_span(self, wins: Windows) -> tuple[int, int]:
+        """Union of the intervals, and first start to last end, of the GPU operations in the windows."""
         ops = self._ops(wins)
         if not ops:
             return 0, 0
-        pairs = [(self.g_start[i], self.g_end[i]) for i in ops]
+        pairs = [(self.op_start[i], self.op_end[i]) for i in ops]
         return union_of(pairs), max(e for _, e in pairs) - min(s for s, _ in pairs)
 
     def categories(self, wins: Windows, n_cat: int) -> list[int]:
+        """GPU ns per category index of the GPU operations in the windows (of :attr:`ops_by_launch`)."""
         out = [0] * n_cat
         for i in self._ops(wins):
-            out[self.g_cat[i]] += self.g_dur[i]
+            out[self.op_category[i]] += self.op_dur[i]
         return out
 
-    def family_quantiles(
-        self, step_wins: list[Windows], fam_of_name: list[int], n_fam: int
-    ) -> dict[int, tuple[int, int, int]]:
-        """Per family: p10, median and p90 over steps of its GPU time in the step."""
+    def family_spreads(self, step_wins: list[Windows], fam_of_name: list[int], n_fam: int) -> dict[int, Spread]:
+        """Per family: the spread over steps of its GPU time in the step."""
         per_step: list[dict[int, int]] = []
         seen: set[int] = set()
         for wins in step_wins:
             sums: dict[int, int] = {}
             for i in self._ops(wins):
-                f = fam_of_name[self.g_name[i]]
-                sums[f] = sums.get(f, 0) + self.g_dur[i]
+                f = fam_of_name[self.op_name_id[i]]
+                sums[f] = sums.get(f, 0) + self.op_dur[i]
             per_step.append(sums)
             seen.update(f for f, v in sums.items() if v)
-        out = {}
-        for f in seen:
-            values = sorted(s.get(f, 0) for s in per_step)
-            out[f] = tuple(int(round(quantile(values, q))) for q in (0.1, 0.5, 0.9))
-        return out  # type: ignore[return-value]
+        return {f: spread_of(sorted(s.get(f, 0) for s in per_step)) for f in seen}
 
     def range_order(self) -> list[int]:
-        return sorted(range(len(self.r_start)), key=lambda i: (self.r_thread[i], self.r_start[i], -self.r_dur[i]))
+        """Range positions by (thread, start, longest first)."""
+        return sorted(
+            range(len(self.range_start)), key=lambda i: (self.range_thread[i], self.range_start[i], -self.range_dur[i])
+        )
 
 
 class NumpyColumns:
@@ -251,84 +449,82 @@ class NumpyColumns:
 
     _MAX_FAMILY_CELLS = 20_000_000  # steps x families kept for per-step spreads (8 bytes each)
 
-    def __init__(self, c: Collector, cat_of_name: list[int], memcpy_cat: int, memset_cat: int) -> None:
+    def __init__(self, scan: TraceScan, cat_of_name: list[int], memcpy_cat: int, memset_cat: int) -> None:
         import numpy as np
 
         self.np = np
         i64 = np.int64
+        ops, launches, syncs, ranges = scan.ops, scan.launches, scan.syncs, scan.ranges
 
         def col(arr: Any) -> Any:
-            # Zero-copy view of the collector's typed array (its width: see Collector).
+            # Zero-copy view of the scan's typed array (its width: see gpuprobe.report._scan).
             return np.frombuffer(arr, dtype=np.dtype(arr.typecode)) if len(arr) else np.zeros(0, dtype=arr.typecode)
 
         # Memory: these columns live for the whole report, one entry per GPU operation or launch of
         # traces up to several GB, so only what the sections read is kept, in its narrowest type;
-        # per-window values are gathered through m_idx when asked for.
-        self.g_kind = col(c.g_kind)
-        self.g_name = col(c.g_name)
-        self.g_start = col(c.g_start)
-        self.g_dur = col(c.g_dur)
-        self.g_bytes = col(c.g_bytes)
-        self.g_dir = col(c.g_dir)
-        self.g_where = col(c.g_where)
+        # per-window values are gathered through linked_ops when asked for.
+        self.op_kind = col(ops.kind)
+        self.op_name_id = col(ops.name_id)
+        self.op_start = col(ops.start)
+        self.op_dur = col(ops.dur)
+        self.op_nbytes = col(ops.nbytes)
+        self.op_direction_id = col(ops.direction_id)
+        self.op_stream_id = col(ops.stream_id)
         cats = np.array(cat_of_name or [0], dtype=np.int8)
-        self.g_cat = cats[self.g_name] if len(self.g_name) else np.zeros(0, dtype=np.int8)
-        self.g_cat[self.g_kind == 1] = memcpy_cat
-        self.g_cat[self.g_kind == 2] = memset_cat
-        self.is_kernel = self.g_kind == 0
-        self.l_start = col(c.l_start)
-        self.l_dur = col(c.l_dur)
-        self.l_thread = col(c.l_thread)
-        self.n_gpu = len(self.g_kind)
-        self.n_launch = len(self.l_start)
+        self.op_category = cats[self.op_name_id] if len(self.op_name_id) else np.zeros(0, dtype=np.int8)
+        self.op_category[self.op_kind == _MEMCPY] = memcpy_cat
+        self.op_category[self.op_kind == _MEMSET] = memset_cat
+        self.is_kernel = self.op_kind == _KERNEL
+        self.launch_start = col(launches.start)
+        self.launch_dur = col(launches.dur)
+        self.launch_thread = col(launches.thread_id)
+        self.n_ops = len(self.op_kind)
+        self.n_launches = len(self.launch_start)
         # join: sort launches by correlation key; a stable sort keeps the first of equal keys first
-        g_launch = np.full(self.n_gpu, -1, dtype=i64)
-        if self.n_launch and self.n_gpu:
-            l_corr = col(c.l_corr)
-            g_corr = col(c.g_corr)
-            order = np.argsort(l_corr, kind="stable")
-            pos = np.searchsorted(l_corr[order], g_corr)
-            np.minimum(pos, self.n_launch - 1, out=pos)
+        op_launch = np.full(self.n_ops, -1, dtype=i64)
+        if self.n_launches and self.n_ops:
+            launch_corr = col(launches.corr)
+            op_corr = col(ops.corr)
+            order = np.argsort(launch_corr, kind="stable")
+            pos = np.searchsorted(launch_corr[order], op_corr)
+            np.minimum(pos, self.n_launches - 1, out=pos)
             pos = order[pos]  # the first launch with the nearest key at or above each operation's
-            hit = (g_corr >= 0) & (l_corr[pos] == g_corr)
-            g_launch[hit] = pos[hit]
-            del order, pos, hit, l_corr, g_corr
-        self.g_launch = g_launch
-        matched = np.flatnonzero(g_launch >= 0)
-        m_thread = self.l_thread[g_launch[matched]]
-        m_lstart = self.l_start[g_launch[matched]]
-        order = np.lexsort((matched, m_lstart, m_thread))
-        self.m_idx = matched[order]
-        self.m_thread = m_thread[order]
-        self.m_lstart = m_lstart[order]
-        del matched, m_thread, m_lstart, order
-        idx = self.m_idx
+            hit = (op_corr >= 0) & (launch_corr[pos] == op_corr)
+            op_launch[hit] = pos[hit]
+            del order, pos, hit, launch_corr, op_corr
+        #: Per GPU operation, the position of its launch call; -1 if none.
+        self.op_launch = op_launch
+        linked = np.flatnonzero(op_launch >= 0)
+        linked_thread = self.launch_thread[op_launch[linked]]
+        linked_start = self.launch_start[op_launch[linked]]
+        order = np.lexsort((linked, linked_start, linked_thread))
+        #: The GPU operations with a launch call, in their launch's (thread, start) order.
+        self.linked_ops = linked[order]
+        self.ops_by_launch = _ArrayByThread(np, linked_thread[order], linked_start[order])
+        del linked, linked_thread, linked_start, order
+        idx = self.linked_ops
 
         def cum(values: Any) -> Any:
             return np.concatenate(([0], np.cumsum(values, dtype=i64)))
 
         kernel = self.is_kernel[idx]
-        self.cum = {
-            "kernel_ns": cum(np.where(kernel, self.g_dur[idx], 0)),
-            "kernels": cum(kernel),
-            "memcpy_bytes": cum(np.where(self.g_kind[idx] == 1, np.maximum(self.g_bytes[idx], 0), 0)),
-        }
+        self.cum_kernel_ns = cum(np.where(kernel, self.op_dur[idx], 0))
+        self.cum_kernels = cum(kernel)
+        self.cum_memcpy_bytes = cum(np.where(self.op_kind[idx] == _MEMCPY, np.maximum(self.op_nbytes[idx], 0), 0))
         del kernel
-        lo = np.lexsort((np.arange(self.n_launch), self.l_start, self.l_thread))
-        self.ls_thread = self.l_thread[lo]
-        self.ls_start = self.l_start[lo]
-        self.cum["launch_ns"] = cum(self.l_dur[lo])
+        lo = np.lexsort((np.arange(self.n_launches), self.launch_start, self.launch_thread))
+        self.launches_by_thread = _ArrayByThread(np, self.launch_thread[lo], self.launch_start[lo])
+        self.cum_launch_ns = cum(self.launch_dur[lo])
         del lo
-        s_start, s_thread = col(c.s_start), col(c.s_thread)
+        s_start, s_thread = col(syncs.start), col(syncs.thread_id)
         so = np.lexsort((np.arange(len(s_start)), s_start, s_thread))
-        self.ss_thread = s_thread[so]
-        self.ss_start = s_start[so]
-        self.cum["sync_ns"] = cum(col(c.s_dur)[so])
-        self.n_sync = len(s_start)
-        self.r_name = list(c.r_name)
-        self.r_start = list(c.r_start)
-        self.r_dur = list(c.r_dur)
-        self.r_thread = list(c.r_thread)
+        self.syncs_by_thread = _ArrayByThread(np, s_thread[so], s_start[so])
+        self.cum_sync_ns = cum(col(syncs.dur)[so])
+        self.n_syncs = len(s_start)
+        self.range_name_id = list(ranges.name_id)
+        self.range_start = list(ranges.start)
+        self.range_dur = list(ranges.dur)
+        self.range_thread = list(ranges.thread_id)
 
     # ------------------------------------------------------------------ totals
 
@@ -336,13 +532,13 @@ class NumpyColumns:
         return int(self.is_kernel.sum())
 
     def kernel_total(self) -> int:
-        return int(self.g_dur[self.is_kernel].sum())
-
-    def gpu_total(self) -> int:
-        return int(self.g_dur.sum())
+        return int(self.op_dur[self.is_kernel].sum())
 
     def launch_api_total(self) -> int:
-        return int(self.l_dur.sum())
+        return int(self.launch_dur.sum())
+
+    def sync_total(self) -> int:
+        return int(self.cum_sync_ns[-1])
 
     def _union(self, starts: Any, ends: Any) -> int:
         np = self.np
@@ -361,12 +557,12 @@ class NumpyColumns:
         return int(cover.sum())
 
     def union_all(self) -> int:
-        return self._union(self.g_start, self.g_start + self.g_dur)
+        return self._union(self.op_start, self.op_start + self.op_dur)
 
-    def kernel_groups(self) -> list[tuple[int, int, int, int, int, int]]:
+    def kernel_groups(self) -> list[KernelGroup]:
         np = self.np
-        names = self.g_name[self.is_kernel]
-        durs = self.g_dur[self.is_kernel]
+        names = self.op_name_id[self.is_kernel]
+        durs = self.op_dur[self.is_kernel]
         if not len(names):
             return []
         order = np.lexsort((durs, names))
@@ -376,8 +572,9 @@ class NumpyColumns:
         counts = np.diff(np.concatenate((starts, [len(names)])))
         totals = np.add.reduceat(durs, starts)
         median = (durs[starts + (counts - 1) // 2] + durs[starts + counts // 2]) // 2
-        return list(
-            zip(
+        return [
+            KernelGroup(name_id=n, count=c, total_ns=t, median_ns=m, min_ns=low, max_ns=high)
+            for n, c, t, m, low, high in zip(
                 names[starts].tolist(),
                 counts.tolist(),
                 totals.tolist(),
@@ -385,73 +582,67 @@ class NumpyColumns:
                 durs[starts].tolist(),
                 durs[starts + counts - 1].tolist(),
             )
-        )
+        ]
 
     def category_stats(self, n_cat: int) -> tuple[list[int], list[int]]:
         np = self.np
-        counts = np.bincount(self.g_cat, minlength=n_cat)
+        counts = np.bincount(self.op_category, minlength=n_cat)
         totals = np.zeros(n_cat, dtype=np.int64)
-        np.add.at(totals, self.g_cat, self.g_dur)  # exact int64 sums (bincount weights are float64)
+        np.add.at(totals, self.op_category, self.op_dur)  # exact int64 sums (bincount weights are float64)
         return counts.tolist(), totals.tolist()
 
-    def join_counts(self) -> tuple[int, int]:
-        linked = self.g_launch[self.g_launch >= 0]
-        return int((self.g_launch < 0).sum()), len(self.np.unique(linked))
+    def join_counts(self) -> JoinCounts:
+        linked = self.op_launch[self.op_launch >= 0]
+        return JoinCounts(
+            ops_without_launch=int((self.op_launch < 0).sum()), launches_with_op=len(self.np.unique(linked))
+        )
 
-    def delay_stats(self) -> tuple[int, int | None, int | None, int | None, int | None]:
-        delays = self.np.sort(self.g_start[self.m_idx] - self.l_start[self.g_launch[self.m_idx]])
-        return _order_stats(delays, int(delays.sum()))
+    def delay_stats(self) -> DelayStats:
+        delays = self.np.sort(self.op_start[self.linked_ops] - self.launch_start[self.op_launch[self.linked_ops]])
+        return _delay_stats(delays, int(delays.sum()))
 
-    def memory_groups(self) -> list[tuple[int, int, int, int, int]]:
+    def memory_groups(self) -> list[MemoryGroup]:
         np = self.np
         out = []
-        for k in (1, 2):
-            sel = self.g_kind == k
+        for k in (_MEMCPY, _MEMSET):
+            sel = self.op_kind == k
             if not sel.any():
                 continue
-            dirs = self.g_dir[sel]
-            nbytes = np.maximum(self.g_bytes[sel], 0)
-            durs = self.g_dur[sel]
+            dirs = self.op_direction_id[sel]
+            nbytes = np.maximum(self.op_nbytes[sel], 0)
+            durs = self.op_dur[sel]
             for d in np.unique(dirs).tolist():
                 pick = dirs == d
-                out.append((k, d, int(pick.sum()), int(nbytes[pick].sum()), int(durs[pick].sum())))
+                out.append(
+                    MemoryGroup(
+                        kind=k,
+                        direction_id=d,
+                        count=int(pick.sum()),
+                        nbytes=int(nbytes[pick].sum()),
+                        total_ns=int(durs[pick].sum()),
+                    )
+                )
         return out
 
-    def top_gpu(self, n: int) -> list[tuple[int, int, int, int, int]]:
+    def longest_ops(self, n: int) -> list[OpRow]:
         np = self.np
-        if not self.n_gpu:
+        if not self.n_ops:
             return []
-        idx = np.lexsort((np.arange(self.n_gpu), -self.g_dur))[:n]
-        return list(
-            zip(
-                self.g_kind[idx].tolist(),
-                self.g_name[idx].tolist(),
-                self.g_start[idx].tolist(),
-                self.g_dur[idx].tolist(),
-                self.g_where[idx].tolist(),
+        idx = np.lexsort((np.arange(self.n_ops), -self.op_dur))[:n]
+        return [
+            OpRow(kind=k, name_id=name, start=start, dur=dur, stream_id=stream)
+            for k, name, start, dur, stream in zip(
+                self.op_kind[idx].tolist(),
+                self.op_name_id[idx].tolist(),
+                self.op_start[idx].tolist(),
+                self.op_dur[idx].tolist(),
+                self.op_stream_id[idx].tolist(),
             )
-        )
+        ]
 
     # ---------------------------------------------------------------- windows
 
-    def threads(self, table: str) -> list[int]:
-        col = {"m": self.m_thread, "l": self.ls_thread, "s": self.ss_thread}[table]
-        return self.np.unique(col).tolist()
-
-    def bounds(self, table: str, thread: int) -> tuple[int, int]:
-        col = {"m": self.m_thread, "l": self.ls_thread, "s": self.ss_thread}[table]
-        return int(self.np.searchsorted(col, thread, "left")), int(self.np.searchsorted(col, thread, "right"))
-
-    def window(self, table: str, bounds: tuple[int, int], start: int, end: int) -> tuple[int, int]:
-        lo, hi = bounds
-        if lo == hi:
-            return lo, lo
-        col = {"m": self.m_lstart, "l": self.ls_start, "s": self.ss_start}[table][lo:hi]
-        np = self.np
-        return lo + int(np.searchsorted(col, start, "left")), lo + int(np.searchsorted(col, end, "left"))
-
-    def total(self, name: str, wins: Windows) -> int:
-        cum = self.cum[name]
+    def window_total(self, cum: Any, wins: Windows) -> int:
         return sum(int(cum[hi] - cum[lo]) for lo, hi in wins)
 
     def _sel(self, wins: Windows) -> Any:
@@ -462,22 +653,20 @@ class NumpyColumns:
     def busy_span(self, wins: Windows) -> tuple[int, int]:
         if not wins:
             return 0, 0
-        idx = self.m_idx[self._sel(wins)]
-        starts = self.g_start[idx]
-        ends = starts + self.g_dur[idx]
+        idx = self.linked_ops[self._sel(wins)]
+        starts = self.op_start[idx]
+        ends = starts + self.op_dur[idx]
         return self._union(starts, ends), int(ends.max() - starts.min())
 
     def categories(self, wins: Windows, n_cat: int) -> list[int]:
         if not wins:
             return [0] * n_cat
-        idx = self.m_idx[self._sel(wins)]
+        idx = self.linked_ops[self._sel(wins)]
         out = self.np.zeros(n_cat, dtype=self.np.int64)
-        self.np.add.at(out, self.g_cat[idx], self.g_dur[idx])
+        self.np.add.at(out, self.op_category[idx], self.op_dur[idx])
         return out.tolist()
 
-    def family_quantiles(
-        self, step_wins: list[Windows], fam_of_name: list[int], n_fam: int
-    ) -> dict[int, tuple[int, int, int]]:
+    def family_spreads(self, step_wins: list[Windows], fam_of_name: list[int], n_fam: int) -> dict[int, Spread]:
         np = self.np
         if not step_wins or not n_fam:
             return {}
@@ -485,33 +674,29 @@ class NumpyColumns:
         keep = np.arange(n_fam)
         if len(step_wins) * n_fam > self._MAX_FAMILY_CELLS:
             # why: bound the steps x families matrix; the biggest families are the ones a diff shows
-            idx = self.m_idx
-            totals = np.bincount(fam_of[self.g_name[idx]], weights=self.g_dur[idx], minlength=n_fam)
+            idx = self.linked_ops
+            totals = np.bincount(fam_of[self.op_name_id[idx]], weights=self.op_dur[idx], minlength=n_fam)
             keep = np.argsort(-totals, kind="stable")[: max(1, self._MAX_FAMILY_CELLS // len(step_wins))]
         column = np.full(n_fam, len(keep), dtype=np.int64)
         column[keep] = np.arange(len(keep))
         matrix = np.zeros((len(step_wins), len(keep) + 1), dtype=np.int64)
         for row, wins in enumerate(step_wins):
             if wins:
-                idx = self.m_idx[self._sel(wins)]
-                np.add.at(matrix[row], column[fam_of[self.g_name[idx]]], self.g_dur[idx])
-        out = {}
+                idx = self.linked_ops[self._sel(wins)]
+                np.add.at(matrix[row], column[fam_of[self.op_name_id[idx]]], self.op_dur[idx])
         present = matrix[:, :-1].any(axis=0)
-        for j in np.flatnonzero(present).tolist():
-            values = np.sort(matrix[:, j])
-            out[int(keep[j])] = tuple(int(round(quantile(values, q))) for q in (0.1, 0.5, 0.9))
-        return out  # type: ignore[return-value]
+        return {int(keep[j]): spread_of(np.sort(matrix[:, j])) for j in np.flatnonzero(present).tolist()}
 
     def range_order(self) -> list[int]:
         np = self.np
-        if not self.r_start:
+        if not self.range_start:
             return []
-        start = np.array(self.r_start, dtype=np.int64)
+        start = np.array(self.range_start, dtype=np.int64)
         return np.lexsort(
             (
                 np.arange(len(start)),
-                -np.array(self.r_dur, dtype=np.int64),
+                -np.array(self.range_dur, dtype=np.int64),
                 start,
-                np.array(self.r_thread, dtype=np.int64),
+                np.array(self.range_thread, dtype=np.int64),
             )
         ).tolist()

@@ -7,6 +7,8 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from gpuprobe.errors import ConfigError
+from gpuprobe.report._analysis import analyze
 from gpuprobe.report.model import Report
 
 __all__ = ["DiffRow", "DiffReport", "diff", "NORMALIZE"]
@@ -70,7 +72,7 @@ def _row(key: str, metric: str, a: float | None, b: float | None, ua: float, ub:
     nb = b / ub if b is not None else None
     delta = nb - na if na is not None and nb is not None else None
     ratio = nb / na if na and nb is not None else None
-    return DiffRow(key, metric, na, nb, delta, ratio, **extra)
+    return DiffRow(key=key, metric=metric, a=na, b=nb, delta=delta, ratio=ratio, **extra)
 
 
 def _spread(p10: int | None, p90: int | None) -> float | None:
@@ -87,7 +89,7 @@ def _units(report: Report, normalize: str, tokens: int | None, label: str, warni
         return 1.0
     if normalize == "token" and tokens is not None:
         if tokens <= 0:
-            raise ValueError(f"tokens for {label} must be positive, not {tokens}")
+            raise ConfigError(f"tokens for {label} must be positive, not {tokens}")
         return float(tokens)
     steps = report.steps.count if report.steps is not None else 0
     if not steps:
@@ -132,7 +134,8 @@ def diff(
 
     Raises:
         ReportInputError: A trace cannot be read.
-        ValueError: An unknown normalisation.
+        ConfigError: An unknown normalisation, tokens that are not positive, or a bad step pattern or
+            engine (a ``ValueError``).
 
     Example:
         >>> d = diff("base.json.gz", "new.json.gz", normalize="token", tokens_a=64, tokens_b=64)  # doctest: +SKIP
@@ -140,8 +143,7 @@ def diff(
         ['gemm', 'attention']
     """
     if normalize not in NORMALIZE:
-        raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, not {normalize!r}")
-    from gpuprobe.report import analyze
+        raise ConfigError(f"normalize must be one of {', '.join(NORMALIZE)}, not {normalize!r}")
 
     def get(x: str | os.PathLike[str] | Report) -> Report:
         if isinstance(x, Report):

@@ -1,4 +1,5 @@
-"""Typed trace events with integer nanoseconds, and exact time conversion."""
+"""What a loader yields: typed trace events with integer nanoseconds, what the trace says about
+itself (:class:`TraceInfo`), and exact time conversion."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ __all__ = [
     "GPU_RANGE",
     "PYTHON",
     "KINDS",
-    "GPU_KINDS",
+    "TraceInfo",
     "us_to_ns",
     "int_or",
     "LIMIT",
@@ -32,12 +33,9 @@ GPU_RANGE = "gpu_range"
 PYTHON = "python"
 #: Every event kind, in report order.
 KINDS: tuple[str, ...] = (KERNEL, MEMCPY, MEMSET, RUNTIME, CPU_OP, RANGE, GPU_RANGE, PYTHON)
-#: Kinds that run on the GPU.
-GPU_KINDS = frozenset({KERNEL, MEMCPY, MEMSET})
 
 #: Times, sizes and ids stay below this magnitude, so that a start plus a duration fits in int64.
 LIMIT = 1 << 62
-_INT64_LIMIT = LIMIT
 
 
 @dataclasses.dataclass(slots=True)
@@ -80,6 +78,32 @@ class Event:
     def end_ns(self) -> int:
         """End time in nanoseconds."""
         return self.start_ns + self.dur_ns
+
+
+class TraceInfo:
+    """What a trace says about itself; complete once the loader's event stream is exhausted.
+
+    Attributes:
+        source: ``"kineto"`` or ``"nsys"``.
+        devices: GPU names.
+        base_time_ns: Wall-clock time (ns since the Unix epoch) of the trace clock's zero, if known.
+        skipped_events: Events that were malformed and left out.
+        correlation_by_process: Whether correlation ids are unique per process only (nsys), so
+            the join of a launch and its GPU work also matches the process.
+        notes: Remarks of the loader worth showing (unclosed ranges, ...).
+
+    Example:
+        >>> TraceInfo("nsys").correlation_by_process
+        True
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.devices: list[str] = []
+        self.base_time_ns: int | None = None
+        self.skipped_events = 0
+        self.correlation_by_process = source == "nsys"
+        self.notes: list[str] = []
 
 
 class FloatText(str):
@@ -150,7 +174,7 @@ def us_to_ns(value: object) -> int:
             raise ValueError(f"not a finite number: {value!r}") from exc
     else:
         raise ValueError(f"not a number: {value!r}")
-    if not -_INT64_LIMIT < ns < _INT64_LIMIT:
+    if not -LIMIT < ns < LIMIT:
         raise ValueError(f"time out of range: {value!r}")
     return ns
 
@@ -162,6 +186,6 @@ def int_or(value: object, default: int = -1) -> int:
         >>> int_or(7), int_or("7"), int_or(True)
         (7, -1, -1)
     """
-    if type(value) is int and -_INT64_LIMIT < value < _INT64_LIMIT:  # type: ignore[operator]
+    if type(value) is int and -LIMIT < value < LIMIT:  # type: ignore[operator]
         return value  # type: ignore[return-value]
     return default

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import IO, Any
 
+from gpuprobe._kernel_names import memcpy_direction
 from gpuprobe.report._events import (
     CPU_OP,
     GPU_RANGE,
@@ -35,9 +36,8 @@ from gpuprobe.report._events import (
     int_or,
     us_to_ns,
 )
-from gpuprobe.report._names import memcpy_direction
 
-__all__ = ["iter_raw_stdlib", "iter_raw_ijson", "to_event", "TraceFormatError"]
+__all__ = ["iter_raw_stdlib", "iter_raw_ijson", "to_event", "TraceFormatError", "MalformedEventError"]
 
 _CHUNK = 1 << 20  # why: 64 KiB to 4 MiB all scan 100 MB in 2.2-2.5 s here; 1 MiB bounds the buffer
 _WS = re.compile(r"[ \t\n\r]*")
@@ -46,6 +46,10 @@ _TAIL = 8  # a decode error this close to the buffer end may be a cut, not a fau
 
 class TraceFormatError(Exception):
     """The stream is not a readable kineto trace; the message says why."""
+
+
+class MalformedEventError(Exception):
+    """One event has a malformed time, name or thread; the loader leaves it out and counts it."""
 
 
 def _no_constant(name: str) -> Any:
@@ -339,7 +343,8 @@ def to_event(raw: Any) -> Event | None:
     """Turn one raw kineto event into an :class:`Event`, or None for events a report does not use.
 
     Raises:
-        ValueError: A used event has a malformed time or name (the caller counts it as skipped).
+        MalformedEventError: A used event has a malformed time, name or thread (the caller counts
+            it as skipped).
     """
     if type(raw) is not dict or raw.get("ph") != "X":
         return None
@@ -351,21 +356,27 @@ def to_event(raw: Any) -> Event | None:
         return None
     name = raw.get("name")
     if type(name) is not str:
-        raise ValueError("event without a name")
-    start = us_to_ns(raw.get("ts"))
-    dur_raw = raw.get("dur", 0)
-    dur = us_to_ns(dur_raw) if dur_raw is not None else 0
+        raise MalformedEventError("event without a name")
+    try:
+        start = us_to_ns(raw.get("ts"))
+        dur_raw = raw.get("dur", 0)
+        dur = us_to_ns(dur_raw) if dur_raw is not None else 0
+    except ValueError as exc:  # not a finite number, or out of range
+        raise MalformedEventError(str(exc)) from None
     if dur < 0:
         dur = 0
     if start + dur >= LIMIT:
-        raise ValueError("event ends out of range")
+        raise MalformedEventError("event ends out of range")
     pid = raw.get("pid", 0)
     tid = raw.get("tid", 0)
     if (type(pid) is not int and type(pid) is not str) or (type(tid) is not int and type(tid) is not str):
-        raise ValueError("pid and tid must be integers or strings")
+        raise MalformedEventError("pid and tid must be integers or strings")
     args = raw.get("args")
     if type(args) is not dict:
         args = _NO_ARGS
+    # why: Event is built from positional arguments (its field order: kind, name, start_ns, dur_ns,
+    # pid, tid, correlation, nbytes, stream, device, direction), once per event: 0.22 µs against 0.68 µs
+    # with keywords
     if kind is CPU_OP or kind is RANGE or kind is PYTHON or kind is GPU_RANGE:
         return Event(kind, name, start, dur, pid, tid)
     corr = int_or(args.get("correlation"))
@@ -374,7 +385,7 @@ def to_event(raw: Any) -> Event | None:
     stream = int_or(args.get("stream"), tid if type(tid) is int else -1)
     device = int_or(args.get("device"), pid if type(pid) is int else -1)
     if kind is KERNEL:
-        return Event(kind, name, start, dur, pid, tid, corr, -1, stream, device)
+        return Event(kind, name, start, dur, pid, tid, corr, -1, stream, device)  # nbytes -1: unknown
     nbytes = int_or(args.get("bytes"))
     direction = memcpy_direction(name) if kind is MEMCPY else ""
     return Event(kind, name, start, dur, pid, tid, corr, nbytes, stream, device, direction)

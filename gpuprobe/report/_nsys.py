@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
-from gpuprobe.report._events import KERNEL, LIMIT, MEMCPY, MEMSET, RANGE, RUNTIME, Event, int_or
-from gpuprobe.report._names import strip_api_version
-
-if TYPE_CHECKING:
-    from gpuprobe.report.loaders import TraceInfo
+from gpuprobe._kernel_names import strip_api_version
+from gpuprobe.report._events import KERNEL, LIMIT, MEMCPY, MEMSET, RANGE, RUNTIME, Event, TraceInfo, int_or
 
 __all__ = ["iter_events", "NsysFormatError"]
 
@@ -63,9 +59,6 @@ def _pid(global_id: object) -> int:
 
 def _tid(global_tid: object) -> int:
     return global_tid & 0xFFFFFF if type(global_tid) is int else 0  # type: ignore[operator]
-
-
-_int = int_or
 
 
 def _span(start: object, end: object) -> bool:
@@ -151,7 +144,7 @@ def iter_events(
                 info.skipped_events += 1
                 continue
             api = strip_api_version(name) if isinstance(name, str) else "(unknown API)"
-            yield Event(RUNTIME, api, start, end - start, _pid(gtid), _tid(gtid), _int(corr))
+            yield Event(RUNTIME, api, start, end - start, _pid(gtid), _tid(gtid), int_or(corr))
 
     if KERNEL_TABLE in tables:
         c = cols[KERNEL_TABLE]
@@ -168,9 +161,10 @@ def iter_events(
                 info.skipped_events += 1
                 continue
             kname = name if isinstance(name, str) else "(unnamed kernel)"
-            stream = _int(stream)
-            device = _int(device)
-            yield Event(KERNEL, kname, start, end - start, _pid(gpid), stream, _int(corr), -1, stream, device)
+            stream = int_or(stream)
+            device = int_or(device)
+            # positional, in Event's field order, as in _kineto.to_event; nbytes -1: unknown
+            yield Event(KERNEL, kname, start, end - start, _pid(gpid), stream, int_or(corr), -1, stream, device)
 
     directions = dict(_COPY_KIND)
     if "ENUM_CUDA_MEMCPY_OPER" in tables:
@@ -191,7 +185,7 @@ def iter_events(
             if not _span(start, end):
                 info.skipped_events += 1
                 continue
-            stream = _int(stream)
+            stream = int_or(stream)
             if kind == MEMCPY:
                 direction = directions.get(copy_kind, "unknown")  # type: ignore[arg-type]
                 name = f"Memcpy {direction}"
@@ -205,10 +199,10 @@ def iter_events(
                 end - start,
                 _pid(gpid),
                 stream,
-                _int(corr),
-                _int(nbytes),
+                int_or(corr),
+                int_or(nbytes),
                 stream,
-                _int(device),
+                int_or(device),
                 direction,
             )
 

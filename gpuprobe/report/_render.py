@@ -9,34 +9,69 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import enum
 import io
 import json
 import os
-import tempfile
 from typing import TYPE_CHECKING, Any
 
-from gpuprobe.report._names import CATEGORIES
+from gpuprobe._files import write_file_atomic
+from gpuprobe._kernel_names import CATEGORIES
+from gpuprobe.errors import ConfigError
 
 if TYPE_CHECKING:
     from gpuprobe.report._diff import DiffReport
     from gpuprobe.report.model import Report
 
-__all__ = ["render", "plot", "FORMATS", "write_atomic", "format_ns"]
+__all__ = ["render", "plot", "FORMATS", "format_ns"]
 
 #: Output formats of :func:`render`.
 FORMATS: tuple[str, ...] = ("text", "md", "json", "csv")
 _NAME_WIDTH = 72
 
 
+class _Unit(enum.Enum):
+    """How the values of a column look in text and Markdown tables (CSV and JSON keep raw values)."""
+
+    TEXT = "text"  # as it is, left-aligned
+    NAME = "name"  # as it is, left-aligned, cut to the name width in terminal tables
+    INT = "int"
+    FLOAT = "float"
+    NS = "ns"  # nanoseconds, shown in ns, µs, ms or s
+    SHARE = "share"
+    BYTES = "bytes"
+    GBPS = "gbps"
+    RATIO = "ratio"
+    BY_METRIC = "by metric"  # diff values: bytes, a count or ns, after the row's ``metric``
+
+
+_LEFT_ALIGNED = (_Unit.TEXT, _Unit.NAME)
+_COUNT_METRICS = ("count", "launches", "kernels")
+
+
 @dataclasses.dataclass
 class _Column:
+    """One column of a table.
+
+    Attributes:
+        header: The column title in text and Markdown tables.
+        key: The field (or dict key) of a row holding the value; also the CSV header by default.
+        unit: How values look in text and Markdown.
+        csv_only: Shown in CSV only (full kernel names, per-category step times).
+        csv_header: The CSV header, when it is not ``key``.
+    """
+
     header: str
     key: str
-    unit: str = "str"  # str, name, int, float, ns, share, bytes, gbps, ratio
+    unit: _Unit = _Unit.TEXT
+    csv_only: bool = False
+    csv_header: str | None = None
 
 
 @dataclasses.dataclass
 class _Table:
+    """One section as a table: its rows (dataclasses or dicts), and lines of text shown above them."""
+
     section: str
     title: str
     columns: list[_Column]
@@ -72,25 +107,25 @@ def _format_bytes(n: int | float | None) -> str:
     return f"{n:.0f} B"
 
 
-def _human(value: Any, unit: str, width: int | None) -> str:
+def _human(value: Any, unit: _Unit, width: int | None) -> str:
     if value is None:
         return "-"
-    if unit == "ns":
+    if unit is _Unit.NS:
         return format_ns(value)
-    if unit == "share":
+    if unit is _Unit.SHARE:
         return f"{value * 100:.1f} %"
-    if unit == "bytes":
+    if unit is _Unit.BYTES:
         return _format_bytes(value)
-    if unit == "gbps":
+    if unit is _Unit.GBPS:
         return f"{value:.2f} GB/s"
-    if unit == "ratio":
+    if unit is _Unit.RATIO:
         return f"{value:.2f}x"
-    if unit == "float":
+    if unit is _Unit.FLOAT:
         return f"{value:.1f}"
-    if unit == "int":
+    if unit is _Unit.INT:
         return f"{value:,}"
     text = str(value)
-    if unit == "name" and width and len(text) > width:
+    if unit is _Unit.NAME and width and len(text) > width:
         return text[: width - 1] + "…"
     return text
 
@@ -124,107 +159,107 @@ def _report_tables(report: Report) -> list[_Table]:
         + (f" ({s.gpu_busy_share * 100:.1f} % of the span)" if s.gpu_busy_share is not None else ""),
         f"launches: {s.launch_count:,} calls, {format_ns(s.launch_api_ns)} in the API; steps: {s.step_count:,}",
     ]
-    tables.append(_Table("summary", "Summary", [], [], lines))
+    tables.append(_Table(section="summary", title="Summary", columns=[], rows=[], lines=lines))
     step_spread_cols = [
-        _Column("per step (median)", "step_median_ns", "ns"),
-        _Column("p10", "step_p10_ns", "ns"),
-        _Column("p90", "step_p90_ns", "ns"),
+        _Column(header="per step (median)", key="step_median_ns", unit=_Unit.NS),
+        _Column(header="p10", key="step_p10_ns", unit=_Unit.NS),
+        _Column(header="p90", key="step_p90_ns", unit=_Unit.NS),
     ]
     kernel_cols = [
-        _Column("kernel", "short_name", "name"),
-        _Column("category", "category"),
-        _Column("count", "count", "int"),
-        _Column("total", "total_ns", "ns"),
-        _Column("mean", "mean_ns", "ns"),
-        _Column("median", "median_ns", "ns"),
-        _Column("min", "min_ns", "ns"),
-        _Column("max", "max_ns", "ns"),
-        _Column("share", "share", "share"),
-        _Column("name", "name", "full"),
+        _Column(header="kernel", key="short_name", unit=_Unit.NAME),
+        _Column(header="category", key="category"),
+        _Column(header="count", key="count", unit=_Unit.INT),
+        _Column(header="total", key="total_ns", unit=_Unit.NS),
+        _Column(header="mean", key="mean_ns", unit=_Unit.NS),
+        _Column(header="median", key="median_ns", unit=_Unit.NS),
+        _Column(header="min", key="min_ns", unit=_Unit.NS),
+        _Column(header="max", key="max_ns", unit=_Unit.NS),
+        _Column(header="share", key="share", unit=_Unit.SHARE),
+        _Column(header="name", key="name", unit=_Unit.NAME, csv_only=True),
     ]
     if report.kernels is not None:
         k = report.kernels
         tables.append(
             _Table(
-                "kernels",
-                "Top kernels",
-                kernel_cols,
-                k.rows,
-                [f"{k.count:,} kernels of {k.distinct:,} names, {format_ns(k.total_ns)} in all"],
+                section="kernels",
+                title="Top kernels",
+                columns=kernel_cols,
+                rows=k.rows,
+                lines=[f"{k.count:,} kernels of {k.distinct:,} names, {format_ns(k.total_ns)} in all"],
             )
         )
     if report.categories is not None:
         c = report.categories
         tables.append(
             _Table(
-                "categories",
-                "GPU time by category",
-                [
-                    _Column("category", "category"),
-                    _Column("count", "count", "int"),
-                    _Column("total", "total_ns", "ns"),
-                    _Column("share", "share", "share"),
+                section="categories",
+                title="GPU time by category",
+                columns=[
+                    _Column(header="category", key="category"),
+                    _Column(header="count", key="count", unit=_Unit.INT),
+                    _Column(header="total", key="total_ns", unit=_Unit.NS),
+                    _Column(header="share", key="share", unit=_Unit.SHARE),
                     *step_spread_cols,
                 ],
-                c.rows,
-                [f"'other' holds {c.other_share * 100:.1f} % of GPU time"],
+                rows=c.rows,
+                lines=[f"'other' holds {c.other_share * 100:.1f} % of GPU time"],
             )
         )
     if report.families is not None:
         tables.append(
             _Table(
-                "families",
-                "Kernel families (tile-shape variants together)",
-                [
-                    _Column("family", "family", "name"),
-                    _Column("category", "category"),
-                    _Column("variants", "variants", "int"),
-                    _Column("count", "count", "int"),
-                    _Column("total", "total_ns", "ns"),
-                    _Column("share", "share", "share"),
+                section="families",
+                title="Kernel families (tile-shape variants together)",
+                columns=[
+                    _Column(header="family", key="family", unit=_Unit.NAME),
+                    _Column(header="category", key="category"),
+                    _Column(header="variants", key="variants", unit=_Unit.INT),
+                    _Column(header="count", key="count", unit=_Unit.INT),
+                    _Column(header="total", key="total_ns", unit=_Unit.NS),
+                    _Column(header="share", key="share", unit=_Unit.SHARE),
                     *step_spread_cols,
                 ],
-                report.families.rows,
+                rows=report.families.rows,
             )
         )
     if report.non_gemm is not None:
         n = report.non_gemm
         tables.append(
             _Table(
-                "non_gemm",
-                "Non-GEMM kernels",
-                kernel_cols,
-                n.rows,
-                [f"{n.count:,} kernels, {format_ns(n.total_ns)} in all"],
+                section="non_gemm",
+                title="Non-GEMM kernels",
+                columns=kernel_cols,
+                rows=n.rows,
+                lines=[f"{n.count:,} kernels, {format_ns(n.total_ns)} in all"],
             )
         )
     if report.attention is not None:
         a = report.attention
         tables.append(
             _Table(
-                "attention",
-                "Attention kernels",
-                kernel_cols,
-                a.rows,
-                [f"{a.count:,} kernels, {format_ns(a.total_ns)} in all"],
+                section="attention",
+                title="Attention kernels",
+                columns=kernel_cols,
+                rows=a.rows,
+                lines=[f"{a.count:,} kernels, {format_ns(a.total_ns)} in all"],
             )
         )
     if report.launches is not None:
         la = report.launches
         tables.append(
             _Table(
-                "launches",
-                "Launch overhead",
-                [
-                    _Column("API", "name", "name"),
-                    _Column("kind", "kind"),
-                    _Column("count", "count", "int"),
-                    _Column("total", "total_ns", "ns"),
-                    _Column("mean", "mean_ns", "ns"),
-                    _Column("max", "max_ns", "ns"),
+                section="launches",
+                title="Launch overhead",
+                columns=[
+                    _Column(header="API", key="name", unit=_Unit.NAME),
+                    _Column(header="kind", key="kind"),
+                    _Column(header="count", key="count", unit=_Unit.INT),
+                    _Column(header="total", key="total_ns", unit=_Unit.NS),
+                    _Column(header="mean", key="mean_ns", unit=_Unit.NS),
+                    _Column(header="max", key="max_ns", unit=_Unit.NS),
                 ],
-                la.apis,
-                [
+                rows=la.apis,
+                lines=[
                     f"{la.launch_count:,} launch calls, {format_ns(la.api_ns)} in the API"
                     + (f", {la.per_step_median:.1f} per step (median)" if la.per_step_median is not None else ""),
                     f"launch to GPU start: median {format_ns(la.delay_median_ns)}, mean {format_ns(la.delay_mean_ns)}, "
@@ -238,56 +273,56 @@ def _report_tables(report: Report) -> list[_Table]:
         m = report.memory
         tables.append(
             _Table(
-                "memory",
-                "Memory operations",
-                [
-                    _Column("kind", "kind"),
-                    _Column("direction", "direction"),
-                    _Column("count", "count", "int"),
-                    _Column("bytes", "bytes", "bytes"),
-                    _Column("total", "total_ns", "ns"),
-                    _Column("bandwidth", "bandwidth_gbps", "gbps"),
+                section="memory",
+                title="Memory operations",
+                columns=[
+                    _Column(header="kind", key="kind"),
+                    _Column(header="direction", key="direction"),
+                    _Column(header="count", key="count", unit=_Unit.INT),
+                    _Column(header="bytes", key="bytes", unit=_Unit.BYTES),
+                    _Column(header="total", key="total_ns", unit=_Unit.NS),
+                    _Column(header="bandwidth", key="bandwidth_gbps", unit=_Unit.GBPS),
                 ],
-                m.rows,
+                rows=m.rows,
             )
         )
     if report.ranges is not None:
         r = report.ranges
         tables.append(
             _Table(
-                "ranges",
-                "GPU time per range",
-                [
-                    _Column("range", "path", "name"),
-                    _Column("count", "count", "int"),
-                    _Column("CPU", "cpu_ns", "ns"),
-                    _Column("GPU busy", "gpu_busy_ns", "ns"),
-                    _Column("kernels", "kernel_ns", "ns"),
-                    _Column("GPU span", "gpu_span_ns", "ns"),
-                    _Column("launches", "launches", "int"),
-                    _Column("GPU ops", "gpu_ops", "int"),
+                section="ranges",
+                title="GPU time per range",
+                columns=[
+                    _Column(header="range", key="path", unit=_Unit.NAME),
+                    _Column(header="count", key="count", unit=_Unit.INT),
+                    _Column(header="CPU", key="cpu_ns", unit=_Unit.NS),
+                    _Column(header="GPU busy", key="gpu_busy_ns", unit=_Unit.NS),
+                    _Column(header="kernels", key="kernel_ns", unit=_Unit.NS),
+                    _Column(header="GPU span", key="gpu_span_ns", unit=_Unit.NS),
+                    _Column(header="launches", key="launches", unit=_Unit.INT),
+                    _Column(header="GPU ops", key="gpu_ops", unit=_Unit.INT),
                 ],
-                r.rows,
-                [f"{r.distinct:,} distinct range paths"] if r.distinct > len(r.rows) else [],
+                rows=r.rows,
+                lines=[f"{r.distinct:,} distinct range paths"] if r.distinct > len(r.rows) else [],
             )
         )
     if report.steps is not None:
         st = report.steps
         cats = [c for c in CATEGORIES if any(c in row.categories for row in st.rows)]
         cols = [
-            _Column("step", "index", "int"),
-            _Column("name", "name", "name"),
-            _Column("phase", "phase"),
-            _Column("start", "start_ns", "ns"),
-            _Column("CPU", "cpu_ns", "ns"),
-            _Column("GPU busy", "gpu_busy_ns", "ns"),
-            _Column("GPU span", "gpu_span_ns", "ns"),
-            _Column("kernels", "kernels", "int"),
-            _Column("launches", "launches", "int"),
-            _Column("launch API", "launch_api_ns", "ns"),
-            _Column("sync", "sync_ns", "ns"),
-            _Column("memcpy", "memcpy_bytes", "bytes"),
-        ] + [_Column(f"{c}", f"cat:{c}", "ns-csv") for c in cats]
+            _Column(header="step", key="index", unit=_Unit.INT),
+            _Column(header="name", key="name", unit=_Unit.NAME),
+            _Column(header="phase", key="phase"),
+            _Column(header="start", key="start_ns", unit=_Unit.NS),
+            _Column(header="CPU", key="cpu_ns", unit=_Unit.NS),
+            _Column(header="GPU busy", key="gpu_busy_ns", unit=_Unit.NS),
+            _Column(header="GPU span", key="gpu_span_ns", unit=_Unit.NS),
+            _Column(header="kernels", key="kernels", unit=_Unit.INT),
+            _Column(header="launches", key="launches", unit=_Unit.INT),
+            _Column(header="launch API", key="launch_api_ns", unit=_Unit.NS),
+            _Column(header="sync", key="sync_ns", unit=_Unit.NS),
+            _Column(header="memcpy", key="memcpy_bytes", unit=_Unit.BYTES),
+        ] + [_Column(header=c, key=f"cat:{c}", unit=_Unit.NS, csv_only=True, csv_header=f"{c}_ns") for c in cats]
         lines = [
             f"{st.count:,} steps (pattern {st.pattern}); CPU median {format_ns(st.cpu_median_ns)} "
             f"(p10 {format_ns(st.cpu_p10_ns)}, p90 {format_ns(st.cpu_p90_ns)}); GPU busy median "
@@ -297,16 +332,16 @@ def _report_tables(report: Report) -> list[_Table]:
         rows = [
             dict(dataclasses.asdict(row), **{f"cat:{c}": row.categories.get(c, 0) for c in cats}) for row in st.rows
         ]
-        tables.append(_Table("steps", "Steps", cols, rows, lines))
+        tables.append(_Table(section="steps", title="Steps", columns=cols, rows=rows, lines=lines))
     if report.small_ops is not None:
         so = report.small_ops
         tables.append(
             _Table(
-                "small_ops",
-                f"Small frequent kernels (mean < {format_ns(so.threshold_ns)})",
-                kernel_cols,
-                so.rows,
-                [
+                section="small_ops",
+                title=f"Small frequent kernels (mean < {format_ns(so.threshold_ns)})",
+                columns=kernel_cols,
+                rows=so.rows,
+                lines=[
                     f"{so.count:,} small kernels: {so.count_share * 100:.1f} % of kernels, {format_ns(so.total_ns)} "
                     f"= {so.time_share * 100:.1f} % of kernel time"
                 ],
@@ -315,32 +350,32 @@ def _report_tables(report: Report) -> list[_Table]:
     if report.timeline is not None:
         tables.append(
             _Table(
-                "timeline",
-                "Long events, in time order",
-                [
-                    _Column("start", "start_ns", "ns"),
-                    _Column("duration", "dur_ns", "ns"),
-                    _Column("kind", "kind"),
-                    _Column("where", "where"),
-                    _Column("name", "name", "name"),
+                section="timeline",
+                title="Long events, in time order",
+                columns=[
+                    _Column(header="start", key="start_ns", unit=_Unit.NS),
+                    _Column(header="duration", key="dur_ns", unit=_Unit.NS),
+                    _Column(header="kind", key="kind"),
+                    _Column(header="where", key="where"),
+                    _Column(header="name", key="name", unit=_Unit.NAME),
                 ],
-                report.timeline.rows,
+                rows=report.timeline.rows,
             )
         )
     if report.cpu_ops is not None:
         tables.append(
             _Table(
-                "cpu_ops",
-                "CPU operators (inclusive time)",
-                [
-                    _Column("operator", "name", "name"),
-                    _Column("count", "count", "int"),
-                    _Column("total", "total_ns", "ns"),
-                    _Column("mean", "mean_ns", "ns"),
-                    _Column("max", "max_ns", "ns"),
+                section="cpu_ops",
+                title="CPU operators (inclusive time)",
+                columns=[
+                    _Column(header="operator", key="name", unit=_Unit.NAME),
+                    _Column(header="count", key="count", unit=_Unit.INT),
+                    _Column(header="total", key="total_ns", unit=_Unit.NS),
+                    _Column(header="mean", key="mean_ns", unit=_Unit.NS),
+                    _Column(header="max", key="max_ns", unit=_Unit.NS),
                 ],
-                report.cpu_ops.rows,
-                [f"{report.cpu_ops.count:,} operator calls"],
+                rows=report.cpu_ops.rows,
+                lines=[f"{report.cpu_ops.count:,} operator calls"],
             )
         )
     return tables
@@ -350,11 +385,11 @@ def _diff_tables(d: DiffReport) -> list[_Table]:
     unit_word = {"step": "per step", "token": "per token", "none": "in all"}[d.normalize]
     tables = [
         _Table(
-            "summary",
-            "Diff",
-            [],
-            [],
-            [f"warning: {w}" for w in d.warnings]
+            section="summary",
+            title="Diff",
+            columns=[],
+            rows=[],
+            lines=[f"warning: {w}" for w in d.warnings]
             + [
                 f"A: {d.a_path} ({d.a_units:g} {d.normalize if d.normalize != 'none' else 'trace'}s)",
                 f"B: {d.b_path} ({d.b_units:g} {d.normalize if d.normalize != 'none' else 'trace'}s)",
@@ -372,18 +407,18 @@ def _diff_tables(d: DiffReport) -> list[_Table]:
     ):
         rows = getattr(d, section)
         cols = [
-            _Column("name", "key", "name"),
-            _Column("metric", "metric"),
-            _Column("A", "a", "auto"),
-            _Column("B", "b", "auto"),
-            _Column("delta", "delta", "auto"),
-            _Column("ratio", "ratio", "ratio"),
-            _Column("A median", "a_median", "auto"),
-            _Column("A p10-p90", "a_spread", "auto"),
-            _Column("B median", "b_median", "auto"),
-            _Column("B p10-p90", "b_spread", "auto"),
+            _Column(header="name", key="key", unit=_Unit.NAME),
+            _Column(header="metric", key="metric"),
+            _Column(header="A", key="a", unit=_Unit.BY_METRIC),
+            _Column(header="B", key="b", unit=_Unit.BY_METRIC),
+            _Column(header="delta", key="delta", unit=_Unit.BY_METRIC),
+            _Column(header="ratio", key="ratio", unit=_Unit.RATIO),
+            _Column(header="A median", key="a_median", unit=_Unit.BY_METRIC),
+            _Column(header="A p10-p90", key="a_spread", unit=_Unit.BY_METRIC),
+            _Column(header="B median", key="b_median", unit=_Unit.BY_METRIC),
+            _Column(header="B p10-p90", key="b_spread", unit=_Unit.BY_METRIC),
         ]
-        tables.append(_Table(section, title, cols, rows))
+        tables.append(_Table(section=section, title=title, columns=cols, rows=rows))
     return tables
 
 
@@ -393,13 +428,11 @@ def _diff_tables(d: DiffReport) -> list[_Table]:
 def _cell(row: Any, col: _Column, human: bool, width: int | None) -> Any:
     value = _get(row, col.key)
     unit = col.unit
-    if unit == "auto":
+    if unit is _Unit.BY_METRIC:
         metric = _get(row, "metric")
-        unit = "bytes" if metric.endswith("bytes") else "int" if metric in ("count", "launches", "kernels") else "ns"
-        if isinstance(value, float) and unit == "int":
-            unit = "float"
-    if unit == "ns-csv":
-        unit = "ns"
+        unit = _Unit.BYTES if metric.endswith("bytes") else _Unit.INT if metric in _COUNT_METRICS else _Unit.NS
+        if isinstance(value, float) and unit is _Unit.INT:
+            unit = _Unit.FLOAT
     return _human(value, unit, width) if human else _raw(value)
 
 
@@ -413,7 +446,7 @@ def _text(tables: list[_Table], top: int, markdown: bool) -> str:
             out.append(table.title)
             out.append("=" * len(table.title))
             out.extend(table.lines)
-        cols = [c for c in table.columns if c.unit not in ("full", "ns-csv")]
+        cols = [c for c in table.columns if not c.csv_only]
         if cols and table.rows:
             rows = table.rows
             # the per-step table can have thousands of rows: text and md show the first ``top``
@@ -424,7 +457,7 @@ def _text(tables: list[_Table], top: int, markdown: bool) -> str:
             if markdown:
                 out.append("")
                 out.append("| " + " | ".join(headers) + " |")
-                out.append("|" + "|".join("---:" if c.unit not in ("str", "name") else "---" for c in cols) + "|")
+                out.append("|" + "|".join("---" if c.unit in _LEFT_ALIGNED else "---:" for c in cols) + "|")
                 for row in cells:
                     out.append("| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |")
             else:
@@ -443,7 +476,7 @@ def _text(tables: list[_Table], top: int, markdown: bool) -> str:
 
 
 def _pad(text: str, width: int, col: _Column) -> str:
-    return text.ljust(width) if col.unit in ("str", "name") else text.rjust(width)
+    return text.ljust(width) if col.unit in _LEFT_ALIGNED else text.rjust(width)
 
 
 def _csv(tables: list[_Table]) -> str:
@@ -457,16 +490,10 @@ def _csv(tables: list[_Table]) -> str:
             buf.write("\n")
         first = False
         cols = table.columns
-        writer.writerow(["section"] + [c.key.replace("cat:", "") + ("_ns" if c.unit == "ns-csv" else "") for c in cols])
+        writer.writerow(["section"] + [c.csv_header or c.key for c in cols])
         for row in table.rows:
             writer.writerow([table.section] + [_cell(row, c, False, None) for c in cols])
     return buf.getvalue()
-
-
-def _json_default(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)  # type: ignore[arg-type]
-    raise TypeError(f"not JSON-serializable: {type(value).__name__}")
 
 
 def render(report: Report | DiffReport, fmt: str = "text", top: int = 20) -> str:
@@ -487,36 +514,15 @@ def render(report: Report | DiffReport, fmt: str = "text", top: int = 20) -> str
         >>> print(render(analyze("tests/data/kineto_min.json"), "md"))  # doctest: +SKIP
     """
     if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+        raise ConfigError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     if fmt == "json":
-        return json.dumps(report.to_dict(), indent=1, default=_json_default) + "\n"
+        return json.dumps(report.to_dict(), indent=1) + "\n"  # to_dict() holds plain JSON values only
     from gpuprobe.report._diff import DiffReport
 
     tables = _diff_tables(report) if isinstance(report, DiffReport) else _report_tables(report)
     text = _csv(tables) if fmt == "csv" else _text(tables, top, markdown=fmt == "md")
     # names from a trace may hold lone surrogates (JSON "\\ud800"): keep the output valid UTF-8
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
-    """Write a file through a temporary file in the same folder and a rename.
-
-    A reader never sees a half-written file, and a failed write leaves the old file in place.
-
-    Example:
-        >>> import tempfile, os
-        >>> p = os.path.join(tempfile.mkdtemp(), "r.txt"); write_atomic(p, "ok"); open(p).read()
-        'ok'
-    """
-    from gpuprobe.memory import atomic_write
-
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-
-    def _write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            f.write(payload)
-
-    atomic_write(path, _write, make_parents=False)
 
 
 def plot(report: Report, path: str | os.PathLike[str]) -> None:
@@ -547,7 +553,7 @@ def plot(report: Report, path: str | os.PathLike[str]) -> None:
     fig.suptitle(os.path.basename(report.summary.path), fontsize=11)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
-    write_atomic(path, buf.getvalue())
+    write_file_atomic(path, buf.getvalue())
 
 
 def _plot_categories(ax: Any, report: Report) -> None:

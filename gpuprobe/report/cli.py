@@ -1,7 +1,14 @@
 """Command line: ``gpuprobe report TRACE`` and ``gpuprobe diff A B``.
 
-Exit status: 0 on success, 2 for bad input or arguments (one line on stderr naming the file and
-the problem, never a traceback).
+Exit status:
+
+- 0: success.
+- 2: bad input or arguments: a trace that cannot be read, a bad option, an output that cannot be
+  written, a missing optional dependency. One line on stderr names the file or option and the
+  problem, never a traceback.
+- 1: an internal error of gpuprobe (any other exception): a short message asks for a bug report
+  with the command line and versions; ``--debug`` adds the traceback.
+- 130: interrupted.
 """
 
 from __future__ import annotations
@@ -9,20 +16,33 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from gpuprobe.errors import MissingDependencyError
+from gpuprobe._files import write_file_atomic
+from gpuprobe.errors import ConfigError, MissingDependencyError
+from gpuprobe.report._analysis import analyze
+from gpuprobe.report._diff import NORMALIZE, diff
 from gpuprobe.report._errors import ReportInputError
-from gpuprobe.report._render import FORMATS, render, write_atomic
+from gpuprobe.report._render import FORMATS, plot, render
 from gpuprobe.report.loaders import ENGINES
 from gpuprobe.report.model import SECTIONS
 
 __all__ = ["main_report", "main_diff"]
 
-_BAD_INPUT = 2
+EXIT_OK = 0
+#: An exception gpuprobe did not expect: a bug to report.
+EXIT_INTERNAL_ERROR = 1
+#: The trace, an option or the output path is wrong (argparse's own status for bad arguments).
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+class _CannotWrite(Exception):
+    """An output file (``--output``, ``--plot``) cannot be written; the message says why."""
 
 
 class _Progress:
@@ -88,11 +108,46 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="show reading progress on stderr (default: when stderr is a terminal)",
     )
     progress.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument(
+        "--debug", action="store_true", help="on an internal error, show the traceback (for a bug report)"
+    )
 
 
 def _fail(prog: str, message: str) -> int:
     sys.stderr.write(f"{prog}: error: {' '.join(message.split())}\n")
-    return _BAD_INPUT
+    return EXIT_BAD_INPUT
+
+
+def _version(distribution: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _internal_error(prog: str, argv: list[str], exc: Exception, debug: bool) -> int:
+    # why: imported here, not at the top: importlib.metadata alone adds 16 ms to every run's start
+    import platform
+    import traceback
+
+    from gpuprobe import __version__
+
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    detail = " ".join(str(exc).split())
+    lines = [
+        f"{prog}: internal error in gpuprobe: {type(exc).__name__}" + (f": {detail}" if detail else ""),
+        "This is a bug in gpuprobe, not a problem with your input. Please report it with this command line "
+        "and these versions:",
+        f"  command: {' '.join([prog, shlex.join(argv)])}",
+        f"  versions: gpuprobe {__version__}, torch {_version('torch')}, Python {platform.python_version()}",
+    ]
+    if not debug:
+        lines.append("  (run it again with --debug to see the traceback)")
+    sys.stderr.write("\n".join(lines) + "\n")
+    return EXIT_INTERNAL_ERROR
 
 
 def _progress(args: argparse.Namespace, label: str) -> _Progress | None:
@@ -100,9 +155,16 @@ def _progress(args: argparse.Namespace, label: str) -> _Progress | None:
     return _Progress(label, sys.stderr) if wanted else None
 
 
+def _write(path: str, write: Callable[[str], Any]) -> None:
+    try:
+        write(path)
+    except OSError as exc:
+        raise _CannotWrite(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+
 def _emit(text: str, output: str | None) -> None:
     if output:
-        write_atomic(output, text)
+        _write(output, lambda path: write_file_atomic(path, text))
         return
     try:
         sys.stdout.write(text)
@@ -112,21 +174,17 @@ def _emit(text: str, output: str | None) -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
-def _run(prog: str, work: Callable[[], int]) -> int:
+def _run(prog: str, argv: list[str], debug: bool, work: Callable[[], int]) -> int:
     try:
         return work()
-    except ReportInputError as exc:
-        return _fail(prog, str(exc))
-    except MissingDependencyError as exc:
-        return _fail(prog, str(exc))
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        return _fail(prog, f"{where}cannot write: {exc.strerror or exc}")
-    except ValueError as exc:  # bad step pattern, tokens
+    except (ReportInputError, ConfigError, MissingDependencyError, _CannotWrite) as exc:
+        # the trace, an option (a bad step pattern, tokens), the environment, or an output path
         return _fail(prog, str(exc))
     except KeyboardInterrupt:
         sys.stderr.write("\n")
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # anything else is a bug of gpuprobe, and is reported as one
+        return _internal_error(prog, argv, exc, debug)
 
 
 def main_report(argv: list[str]) -> int:
@@ -167,8 +225,6 @@ def main_report(argv: list[str]) -> int:
     prog = parser.prog
 
     def work() -> int:
-        from gpuprobe.report import analyze, plot
-
         shown = list(args.sections or [])
         computed = shown + [s for s in ("categories", "steps") if args.plot and shown and s not in shown]
         progress = _progress(args, os.path.basename(args.trace))
@@ -186,14 +242,14 @@ def main_report(argv: list[str]) -> int:
             if progress is not None:
                 progress.close()
         if args.plot:
-            plot(report, args.plot)
+            _write(args.plot, lambda path: plot(report, path))
         if shown:
             hidden: dict[str, Any] = {s: None for s in SECTIONS if s != "summary" and s not in shown}
             report = dataclasses.replace(report, **hidden)
         _emit(render(report, args.format, top=args.top), args.output)
-        return 0
+        return EXIT_OK
 
-    return _run(prog, work)
+    return _run(prog, argv, args.debug, work)
 
 
 def main_diff(argv: list[str]) -> int:
@@ -218,7 +274,7 @@ def main_diff(argv: list[str]) -> int:
     parser.add_argument("b", help="trace to compare")
     parser.add_argument(
         "--normalize",
-        choices=("step", "token", "none"),
+        choices=NORMALIZE,
         default="step",
         help="divide by steps (default), by generated tokens, or compare totals",
     )
@@ -229,8 +285,6 @@ def main_diff(argv: list[str]) -> int:
     prog = parser.prog
 
     def work() -> int:
-        from gpuprobe.report import diff
-
         progress = _progress(args, "traces")
         try:
             result = diff(
@@ -248,9 +302,9 @@ def main_diff(argv: list[str]) -> int:
             if progress is not None:
                 progress.close()
         _emit(render(result, args.format, top=args.top), args.output)
-        return 0
+        return EXIT_OK
 
-    return _run(prog, work)
+    return _run(prog, argv, args.debug, work)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,10 +18,18 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpuprobe.report import _nsys
+from gpuprobe.errors import ConfigError
 from gpuprobe.report._errors import ReportInputError
-from gpuprobe.report._events import Event
-from gpuprobe.report._kineto import TraceFormatError, iter_raw_ijson, iter_raw_stdlib, number_to_int, to_event
+from gpuprobe.report._events import Event, TraceInfo
+from gpuprobe.report._kineto import (
+    MalformedEventError,
+    TraceFormatError,
+    iter_raw_ijson,
+    iter_raw_stdlib,
+    number_to_int,
+    to_event,
+)
+from gpuprobe.report._nsys import NsysFormatError, iter_events as iter_nsys_events
 
 __all__ = ["Trace", "TraceInfo", "load", "ENGINES"]
 
@@ -31,28 +39,6 @@ Progress = Callable[[int, int], None]
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-class TraceInfo:
-    """What a trace says about itself; complete once :meth:`Trace.events` is exhausted.
-
-    Attributes:
-        source: ``"kineto"`` or ``"nsys"``.
-        devices: GPU names.
-        base_time_ns: Wall-clock time (ns since the Unix epoch) of the trace clock's zero, if known.
-        skipped_events: Events that were malformed and left out.
-        correlation_by_process: Whether correlation ids are unique per process only (nsys), so
-            the join of a launch and its GPU work also matches the process.
-        notes: Remarks of the loader worth showing (unclosed ranges, ...).
-    """
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.devices: list[str] = []
-        self.base_time_ns: int | None = None
-        self.skipped_events = 0
-        self.correlation_by_process = source == "nsys"
-        self.notes: list[str] = []
 
 
 class Trace:
@@ -114,7 +100,7 @@ class Trace:
                 for item in raws:
                     try:
                         event = to_event(item)
-                    except ValueError:
+                    except MalformedEventError:
                         skipped += 1
                         continue
                     if event is not None:
@@ -147,8 +133,8 @@ class Trace:
             raise self._fail(f"cannot open as SQLite: {exc}") from None
         with contextlib.closing(con):
             try:
-                yield from _nsys.iter_events(con, self.info, progress)
-            except _nsys.NsysFormatError as exc:
+                yield from iter_nsys_events(con, self.info, progress)
+            except NsysFormatError as exc:
                 raise self._fail(str(exc)) from None
             except sqlite3.Error as exc:
                 raise self._fail(f"SQLite error: {exc}") from None
@@ -169,6 +155,7 @@ def load(path: str | os.PathLike[str], engine: str = "stdlib") -> Trace:
 
     Raises:
         ReportInputError: Missing, unreadable, empty, or recognisably not a trace.
+        ConfigError: An unknown engine.
 
     Example:
         >>> trace = load("tests/data/kineto_min.json")  # doctest: +SKIP
@@ -177,7 +164,7 @@ def load(path: str | os.PathLike[str], engine: str = "stdlib") -> Trace:
     """
     path = os.fspath(path)
     if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     try:
         with open(path, "rb") as f:
             head = f.read(16)

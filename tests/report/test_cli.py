@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import gzip
+import importlib.metadata
+import importlib.util
 import io
 import json
 import os
@@ -15,6 +17,8 @@ from typing import Any
 
 import pytest
 
+import gpuprobe
+from gpuprobe.report import _analysis
 from gpuprobe.report.cli import main_diff, main_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,9 +145,18 @@ def test_output_is_written_to_the_file_and_not_to_stdout(tmp_path: Path, kineto_
 
 
 def test_an_output_in_a_missing_folder_is_one_line(tmp_path: Path, kineto_min: Path, capsys: Any) -> None:
-    assert main_report([str(kineto_min), "--output", str(tmp_path / "no" / "r.txt")]) == 2
+    target = tmp_path / "no" / "r.txt"
+    assert main_report([str(kineto_min), "--output", str(target)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "cannot write" in err
+    assert err == f"gpuprobe report: error: {target}: cannot write: No such file or directory\n"
+
+
+def test_a_plot_in_a_missing_folder_is_one_line(tmp_path: Path, kineto_min: Path, capsys: Any) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "no" / "plot.png"
+    assert main_report([str(kineto_min), "--plot", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"gpuprobe report: error: {target}: cannot write: No such file or directory\n"
 
 
 def test_plot_writes_a_png(tmp_path: Path, kineto_min: Path, capsys: Any) -> None:
@@ -180,3 +193,74 @@ def test_nsys_export_through_the_command(nsys_db: Path, capsys: Any) -> None:
     assert main_report([str(nsys_db), "--format", "json", "--sections", "ranges"]) == 0
     rows = json.loads(capsys.readouterr().out)["ranges"]["rows"]
     assert {r["path"]: r["gpu_busy_ns"] for r in rows}["decode_step/forward"] == 27_424
+
+
+# ------------------------------------------------------------------------------- internal errors
+
+
+def break_the_analysis(monkeypatch: pytest.MonkeyPatch, exc: Exception) -> None:
+    """Make the analysis step after reading the trace raise ``exc``, as a bug in it would."""
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise exc
+
+    monkeypatch.setattr(_analysis, "build_report", broken)
+
+
+@pytest.mark.parametrize(
+    ("exc", "first_line"),
+    [
+        (ValueError("step count < 0"), "gpuprobe report: internal error in gpuprobe: ValueError: step count < 0"),
+        (KeyError("gemm"), "gpuprobe report: internal error in gpuprobe: KeyError: 'gemm'"),
+        (ZeroDivisionError(), "gpuprobe report: internal error in gpuprobe: ZeroDivisionError"),
+    ],
+)
+def test_an_exception_in_the_analysis_is_an_internal_error_with_exit_1(
+    kineto_min: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, exc: Exception, first_line: str
+) -> None:
+    break_the_analysis(monkeypatch, exc)
+    assert main_report([str(kineto_min)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines()[0] == first_line
+
+
+def test_an_internal_error_asks_for_a_report_with_the_command_line_and_versions(
+    kineto_min: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    break_the_analysis(monkeypatch, ValueError("negative step count"))
+    assert main_report([str(kineto_min), "--format", "md"]) == 1
+    err = capsys.readouterr().err
+    assert "This is a bug in gpuprobe, not a problem with your input. Please report it" in err
+    assert f"  command: gpuprobe report {kineto_min} --format md\n" in err
+    torch = importlib.metadata.version("torch") if importlib.util.find_spec("torch") else "not installed"
+    assert f"  versions: gpuprobe {gpuprobe.__version__}, torch {torch}, Python " in err
+    assert "Traceback" not in err
+
+
+def test_debug_adds_the_traceback_of_an_internal_error(
+    kineto_min: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    break_the_analysis(monkeypatch, ValueError("negative step count"))
+    assert main_report([str(kineto_min), "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert "ValueError: negative step count" in err and "internal error in gpuprobe" in err
+
+
+def test_an_exception_in_the_analysis_of_a_diff_is_an_internal_error_with_exit_1(
+    kineto_min: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    break_the_analysis(monkeypatch, ValueError("negative step count"))
+    assert main_diff([str(kineto_min), str(kineto_min)]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == "gpuprobe diff: internal error in gpuprobe: ValueError: negative step count"
+
+
+def test_a_malformed_trace_is_still_bad_input_with_exit_2(tmp_path: Path, capsys: Any) -> None:
+    path = tmp_path / "invalid.json"
+    path.write_bytes(b'{"traceEvents": [{"ph": "X", "ts": 1.5e}, {"ph": "X"}], "deviceProperties": []}')
+    assert main_report([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpuprobe report: error: {path}: invalid JSON") and err.count("\n") == 1
+    assert "internal error" not in err

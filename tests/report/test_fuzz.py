@@ -2,12 +2,16 @@
 
 Byte-level mutations (flips, cuts, insertions, in plain and gzip files), JSON-level mutations
 (values replaced by arbitrary JSON, keys dropped, events duplicated; both JSON engines and both
-column backends must then agree), and nsys rows with arbitrary SQLite values: 1,150 examples in all.
+column backends must then agree), and nsys rows with arbitrary SQLite values: 1,150 examples in all;
+then 100 byte-level mutations through ``gpuprobe report``, which must exit 0 or 2 (bad input), never
+1 (an internal error).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import sqlite3
 import tempfile
@@ -20,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuprobe.report import ReportInputError, analyze, load, render
+from gpuprobe.report.cli import main_report
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MIN_BYTES = (DATA / "kineto_min.json").read_bytes()
@@ -72,6 +77,19 @@ def test_mutated_bytes_give_a_report_or_a_clean_error(folder: Path, data: bytes)
     path = folder / "mutated.json"
     path.write_bytes(data)
     report_or_clean_error(path)
+
+
+@settings(FUZZ, max_examples=100)
+@given(data=mutated_bytes())
+def test_mutated_bytes_through_the_command_exit_0_or_2_never_as_an_internal_error(folder: Path, data: bytes) -> None:
+    path = folder / "mutated_cli.json"
+    path.write_bytes(data)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main_report([str(path), "--format", "json", "--no-progress"])
+    assert code in (0, 2), err.getvalue()
+    if code == 2:
+        assert err.getvalue().startswith(f"gpuprobe report: error: {path}: ") and err.getvalue().count("\n") == 1
 
 
 @settings(FUZZ, max_examples=150)

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprobe.report import CATEGORIES, categorize_kernel, kernel_family, short_kernel_name
-from gpuprobe.report._names import launch_api_kind, memcpy_direction, strip_api_version
+import gpuprobe._kernel_names
+import gpuprobe.report
+from gpuprobe._kernel_names import (
+    CATEGORIES,
+    categorize_kernel,
+    kernel_family,
+    launch_api_kind,
+    memcpy_direction,
+    short_kernel_name,
+    strip_api_version,
+)
 
 CASES = [
     ("nvjet_tst_64x8_64x16_2x1_v_bz_splitK_TNT", "gemm"),
@@ -84,6 +93,11 @@ CASES = [
 @pytest.mark.parametrize(("name", "category"), CASES)
 def test_categorize_kernel_puts_known_kernels_in_their_category(name: str, category: str) -> None:
     assert categorize_kernel(name) == category
+
+
+@pytest.mark.parametrize("name", ["CATEGORIES", "categorize_kernel", "kernel_family", "short_kernel_name"])
+def test_the_report_re_exports_the_kernel_naming_the_live_sdk_uses(name: str) -> None:
+    assert getattr(gpuprobe.report, name) is getattr(gpuprobe._kernel_names, name)
 
 
 def test_every_category_returned_is_a_declared_category() -> None:

@@ -1,7 +1,8 @@
 """Kernel names: short names, categories, families; runtime API and memcpy classification.
 
-Everything here is pure and cached, because the same few hundred names repeat millions of times
-in a trace, and :func:`categorize_kernel` is also used on the live path for kernel categories.
+Shared by the live SDK (kernel categories of profiled steps) and the offline report, so it is a
+leaf: standard library only, nothing imported from gpuprobe. Everything here is pure and cached,
+because the same few hundred names repeat millions of times in a trace.
 """
 
 from __future__ import annotations
@@ -317,9 +318,6 @@ def launch_api_kind(name: str) -> str:
     if "Synchronize" in base:
         return "sync"
     return "other"
-
-
-_LETTER = {"H": "H", "D": "D", "A": "A", "P": "P"}
 
 
 @functools.lru_cache(maxsize=1024)

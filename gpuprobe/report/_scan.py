@@ -1,0 +1,333 @@
+"""The streaming pass of a report: events into compact columns and per-name aggregates.
+
+A :class:`TraceScan` keeps, per GPU operation, launch call, sync call and range, a few integers in
+:class:`array.array` columns (about 90 bytes per GPU operation with its launch), and per CPU
+operator or API name a running :class:`NameStat`; nothing else of an event outlives the pass. The
+columns are what the correlation join, the per-range unions and exact medians need; the column
+classes of :mod:`gpuprobe.report._columns` take them from there.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from array import array
+from collections.abc import Iterable
+
+from gpuprobe._kernel_names import launch_api_kind
+from gpuprobe.report._events import CPU_OP, KERNEL, MEMCPY, MEMSET, RANGE, RUNTIME, Event
+
+__all__ = ["GpuOpKind", "EVENT_KIND", "GpuOps", "Launches", "Syncs", "Ranges", "NameStat", "LongEvent", "TraceScan"]
+
+
+class GpuOpKind(enum.IntEnum):
+    """The kind of a GPU operation, as stored in the 8-bit :attr:`GpuOps.kind` column."""
+
+    KERNEL = 0
+    MEMCPY = 1
+    MEMSET = 2
+
+
+#: The event kind (``kernel``, ``memcpy``, ``memset``) of each :class:`GpuOpKind`.
+EVENT_KIND: dict[int, str] = {GpuOpKind.KERNEL: KERNEL, GpuOpKind.MEMCPY: MEMCPY, GpuOpKind.MEMSET: MEMSET}
+# plain ints, not members: the scan appends one per GPU operation
+_OP_KIND_OF_EVENT: dict[str, int] = {
+    KERNEL: GpuOpKind.KERNEL.value,
+    MEMCPY: GpuOpKind.MEMCPY.value,
+    MEMSET: GpuOpKind.MEMSET.value,
+}
+#: Launch API kinds (of :func:`~gpuprobe._kernel_names.launch_api_kind`) that enqueue GPU work.
+_LAUNCH_KINDS = frozenset({"kernel", "memcpy", "memset"})
+_SYNC = "sync"
+
+# Why typed arrays of the narrowest width: the tables hold one entry per GPU operation and launch
+# of traces up to several GB; times, byte counts and correlation keys need 64 bits ("q"), indexes
+# into the name/thread/stream tables fit 32 bits ("i"), copy directions 16 ("h"), kinds 8 ("b").
+
+
+class GpuOps:
+    """GPU operations (kernels, copies, sets), one typed-array column per field.
+
+    Attributes:
+        kind: :class:`GpuOpKind` values.
+        name_id: Index into :attr:`TraceScan.gpu_names`.
+        start: Start time, ns.
+        dur: Duration, ns.
+        corr: Correlation key of the launch (see :attr:`TraceScan.correlation_by_process`); -1 if none.
+        nbytes: Bytes copied or set; -1 if unknown.
+        direction_id: Index into :attr:`TraceScan.directions`.
+        stream_id: Index into :attr:`TraceScan.streams`.
+    """
+
+    __slots__ = ("kind", "name_id", "start", "dur", "corr", "nbytes", "direction_id", "stream_id")
+
+    def __init__(self) -> None:
+        self.kind = array("b")
+        self.name_id = array("i")
+        self.start = array("q")
+        self.dur = array("q")
+        self.corr = array("q")
+        self.nbytes = array("q")
+        self.direction_id = array("h")
+        self.stream_id = array("i")
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+class Launches:
+    """API calls that enqueue GPU work (kernel launches, copies, sets), one column per field.
+
+    Attributes:
+        start: Start time, ns.
+        dur: Duration, ns.
+        corr: Correlation key, as :attr:`GpuOps.corr`.
+        thread_id: Index into :attr:`TraceScan.threads`.
+    """
+
+    __slots__ = ("start", "dur", "corr", "thread_id")
+
+    def __init__(self) -> None:
+        self.start = array("q")
+        self.dur = array("q")
+        self.corr = array("q")
+        self.thread_id = array("i")
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+class Syncs:
+    """API calls that block the host until the GPU catches up, one column per field.
+
+    Attributes:
+        start: Start time, ns.
+        dur: Duration, ns.
+        thread_id: Index into :attr:`TraceScan.threads`.
+    """
+
+    __slots__ = ("start", "dur", "thread_id")
+
+    def __init__(self) -> None:
+        self.start = array("q")
+        self.dur = array("q")
+        self.thread_id = array("i")
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+class Ranges:
+    """CPU-side ranges (user annotations, NVTX), one column per field.
+
+    Attributes:
+        name_id: Index into :attr:`TraceScan.range_names`.
+        start: Start time, ns.
+        dur: Duration, ns.
+        thread_id: Index into :attr:`TraceScan.threads`.
+    """
+
+    __slots__ = ("name_id", "start", "dur", "thread_id")
+
+    def __init__(self) -> None:
+        self.name_id = array("i")
+        self.start = array("q")
+        self.dur = array("q")
+        self.thread_id = array("i")
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+class NameStat:
+    """Count, total and longest duration of the events of one name (updated by the scan, inline).
+
+    Example:
+        >>> s = NameStat(5); (s.count, s.total_ns, s.max_ns)
+        (1, 5, 5)
+    """
+
+    __slots__ = ("count", "total_ns", "max_ns")
+
+    def __init__(self, dur_ns: int) -> None:
+        self.count = 1
+        self.total_ns = dur_ns
+        self.max_ns = dur_ns
+
+
+#: A long CPU-side event: (duration ns, arrival number, kind, name, start ns, "pid/tid"); tuples,
+#: so that the heap of :attr:`TraceScan.longest_cpu` orders them by duration, then arrival.
+LongEvent = tuple[int, int, str, str, int, str]
+
+
+class TraceScan:
+    """The streaming pass: events, in any order, into typed columns and per-name aggregates.
+
+    Call :meth:`consume` once or more; the tables and aggregates below are then what the report
+    sections are computed from (:func:`gpuprobe.report._analysis.build_report`).
+
+    Attributes:
+        correlation_by_process: Correlation ids are unique per process only (nsys): the process id
+            goes into the high bits of each correlation key.
+        keep_longest: How many of the longest CPU-side events to keep.
+        gpu_names: Kernel and copy names, by first appearance (the value is the name id).
+        range_names: Range names, by first appearance.
+        threads: ``(pid, tid)`` of launch, sync and range events, by first appearance.
+        streams: ``(device, stream)`` of GPU operations, by first appearance.
+        directions: Copy directions (``""`` for kernels and sets), by first appearance.
+        ops: :class:`GpuOps`.
+        launches: :class:`Launches`.
+        syncs: :class:`Syncs`.
+        ranges: :class:`Ranges`.
+        api_calls: Runtime and driver API calls by name.
+        cpu_ops: CPU operators by name.
+        longest_cpu: A heap of the longest runtime calls and CPU operators (:data:`LongEvent`).
+        event_counts: Events by kind.
+        first_ns: Earliest start of any event; ``None`` before the first event.
+        last_ns: Latest end of any event; ``None`` before the first event.
+
+    Example:
+        >>> scan = TraceScan()
+        >>> scan.consume([Event("kernel", "k", 0, 10, 0, 7, 1), Event("runtime", "cudaLaunchKernel", -5, 2, 1, 1, 1)])
+        >>> len(scan.ops), len(scan.launches), scan.first_ns, scan.last_ns
+        (1, 1, -5, 10)
+    """
+
+    def __init__(self, correlation_by_process: bool = False, keep_longest: int = 20) -> None:
+        self.correlation_by_process = correlation_by_process
+        self.keep_longest = max(1, keep_longest)
+        self.gpu_names: dict[str, int] = {}
+        self.range_names: dict[str, int] = {}
+        self.threads: dict[tuple[object, object], int] = {}
+        self.streams: dict[tuple[int, int], int] = {}
+        self.directions: dict[str, int] = {}
+        self.ops = GpuOps()
+        self.launches = Launches()
+        self.syncs = Syncs()
+        self.ranges = Ranges()
+        self.api_calls: dict[str, NameStat] = {}
+        self.cpu_ops: dict[str, NameStat] = {}
+        self.longest_cpu: list[LongEvent] = []
+        self.event_counts: dict[str, int] = {}
+        self.first_ns: int | None = None
+        self.last_ns: int | None = None
+
+    def consume(self, events: Iterable[Event]) -> None:
+        """Fold events into the columns and aggregates (any order)."""
+        gpu_names = self.gpu_names
+        range_names = self.range_names
+        threads = self.threads
+        streams = self.streams
+        directions = self.directions
+        counts = self.event_counts
+        api_calls = self.api_calls
+        cpu_ops = self.cpu_ops
+        longest = self.longest_cpu
+        keep_longest = self.keep_longest
+        by_process = self.correlation_by_process
+        # why: bound methods in locals; the loop below runs once per event (millions of times)
+        ops, launches, syncs, ranges = self.ops, self.launches, self.syncs, self.ranges
+        op_kind, op_name, op_start, op_dur = ops.kind.append, ops.name_id.append, ops.start.append, ops.dur.append
+        op_corr, op_bytes = ops.corr.append, ops.nbytes.append
+        op_direction, op_stream = ops.direction_id.append, ops.stream_id.append
+        launch_start, launch_dur = launches.start.append, launches.dur.append
+        launch_corr, launch_thread = launches.corr.append, launches.thread_id.append
+        sync_start, sync_dur, sync_thread = syncs.start.append, syncs.dur.append, syncs.thread_id.append
+        range_name, range_start = ranges.name_id.append, ranges.start.append
+        range_dur, range_thread = ranges.dur.append, ranges.thread_id.append
+        first: int = self.first_ns if self.first_ns is not None else 1 << 62
+        last: int = self.last_ns if self.last_ns is not None else -(1 << 62)
+        seq = len(longest)
+        op_kind_of_event = _OP_KIND_OF_EVENT
+        launch_kinds = _LAUNCH_KINDS
+        for ev in events:
+            kind = ev.kind
+            start = ev.start_ns
+            dur = ev.dur_ns
+            if start < first:
+                first = start
+            if start + dur > last:
+                last = start + dur
+            counts[kind] = counts.get(kind, 0) + 1
+            code = op_kind_of_event.get(kind)
+            if code is not None:
+                name = ev.name
+                nid = gpu_names.get(name)
+                if nid is None:
+                    nid = gpu_names[name] = len(gpu_names)
+                corr = ev.correlation
+                if by_process and 0 <= corr < 0x80000000 and type(ev.pid) is int:
+                    corr |= (ev.pid & 0x3FFFFFFF) << 32  # the process in the high bits
+                op_kind(code)
+                op_name(nid)
+                op_start(start)
+                op_dur(dur)
+                op_corr(corr)
+                op_bytes(ev.nbytes)
+                direction = ev.direction
+                did = directions.get(direction)
+                if did is None:
+                    did = directions[direction] = len(directions)
+                op_direction(did)
+                where = (ev.device, ev.stream)
+                sid = streams.get(where)
+                if sid is None:
+                    sid = streams[where] = len(streams)
+                op_stream(sid)
+            elif kind == RUNTIME or kind == CPU_OP:
+                # Runtime calls and CPU operators: count, total and longest per name, and the
+                # longest events overall. Inline, not a helper: this loop runs once per event.
+                name = ev.name
+                table = api_calls if kind == RUNTIME else cpu_ops
+                stat = table.get(name)
+                if stat is None:
+                    table[name] = NameStat(dur)
+                else:
+                    stat.count += 1
+                    stat.total_ns += dur
+                    if dur > stat.max_ns:
+                        stat.max_ns = dur
+                if len(longest) < keep_longest:
+                    seq += 1
+                    heapq.heappush(longest, (dur, seq, kind, name, start, _thread_label(ev.pid, ev.tid)))
+                elif dur > longest[0][0]:  # longer than the shortest kept
+                    seq += 1
+                    heapq.heapreplace(longest, (dur, seq, kind, name, start, _thread_label(ev.pid, ev.tid)))
+                if kind == CPU_OP:
+                    continue
+                api_kind = launch_api_kind(name)
+                key = (ev.pid, ev.tid)
+                tid = threads.get(key)
+                if tid is None:
+                    tid = threads[key] = len(threads)
+                if api_kind in launch_kinds:
+                    corr = ev.correlation
+                    if by_process and 0 <= corr < 0x80000000 and type(ev.pid) is int:
+                        corr |= (ev.pid & 0x3FFFFFFF) << 32
+                    launch_start(start)
+                    launch_dur(dur)
+                    launch_corr(corr)
+                    launch_thread(tid)
+                elif api_kind == _SYNC:
+                    sync_start(start)
+                    sync_dur(dur)
+                    sync_thread(tid)
+            elif kind == RANGE:
+                name = ev.name
+                nid = range_names.get(name)
+                if nid is None:
+                    nid = range_names[name] = len(range_names)
+                key = (ev.pid, ev.tid)
+                tid = threads.get(key)
+                if tid is None:
+                    tid = threads[key] = len(threads)
+                range_name(nid)
+                range_start(start)
+                range_dur(dur)
+                range_thread(tid)
+        if counts:
+            self.first_ns, self.last_ns = first, last
+
+
+def _thread_label(pid: object, tid: object) -> str:
+    return f"{pid}/{tid}"

@@ -1,0 +1,104 @@
+"""How the report's modules import each other: one direction, no cycles, and kernel naming in a
+leaf module that the live SDK shares without loading the report.
+
+Imports are read from the source (inside functions and ``TYPE_CHECKING`` blocks too), so an import
+cycle is found even where it would not fail at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = ROOT / "gpuprobe" / "report"
+KERNEL_NAMES = ROOT / "gpuprobe" / "_kernel_names.py"
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module the file imports: ``from X import y`` imports X, and X.y where y is a module."""
+    package = module_of(path) if path.name == "__init__.py" else module_of(path).rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return found
+
+
+def report_graph() -> dict[str, set[str]]:
+    modules = {module_of(p): p for p in REPORT.glob("*.py")}
+    return {name: imported_modules(path) & set(modules) - {name} for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of the graph (as a path that ends where it starts), or [] if there is none."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" once fully explored
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = "done"
+        return []
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return []
+
+
+def test_the_cycle_finder_finds_a_cycle_of_three_modules() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_report_module_imports_the_report_package_itself() -> None:
+    submodules = [p for p in REPORT.glob("*.py") if p.name != "__init__.py"]
+    offenders = sorted(module_of(p) for p in submodules if "gpuprobe.report" in imported_modules(p))
+    assert offenders == []
+
+
+def test_the_report_modules_import_each_other_without_a_cycle() -> None:
+    assert find_cycle(report_graph()) == []
+
+
+def test_kernel_names_import_only_the_standard_library() -> None:
+    top_level = {name.split(".")[0] for name in imported_modules(KERNEL_NAMES)}
+    assert top_level <= set(sys.stdlib_module_names) | {"__future__"}, top_level
+
+
+def test_importing_the_kernel_names_loads_no_report_module() -> None:
+    code = (
+        "import sys, gpuprobe._kernel_names; "
+        "print(sorted(m for m in sys.modules if m.startswith('gpuprobe.report')))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
