@@ -36,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 
 from gpuprobe import dashboards as dash  # noqa: E402
+from gpuprobe._files import atomic_write, write_file_atomic  # noqa: E402
 
 OVERVIEW = os.path.join(HERE, "dashboards", "gpuprobe-overview.json")
 _SCALE = {"s": (1e3, "ms"), "bytes": (1 / 2**20, "MiB"), "percentunit": (100.0, "%")}
@@ -110,7 +111,7 @@ def plot(prometheus: str, out: str, *, start: float, end: float, instance: str |
         ax.axis("off")
     fig.suptitle(title or f"{board['title']} — from Prometheus query_range, {int(end - start)} s", fontsize=13)
     fig.tight_layout(rect=(0, 0, 1, 0.98))
-    fig.savefig(out, dpi=80)
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=80, format="png"), suffix=".png")
     plt.close(fig)
     return drawn
 
@@ -172,8 +173,7 @@ def run_demo(out: str, seconds: float, workload: str, warmup: float = 60.0,
     config = dash.scrape_config(base_port=port, interval="2s", rule_files=rules)
     with tempfile.TemporaryDirectory(prefix="gpuprobe-plot-") as work:
         path = os.path.join(work, "prometheus.yml")
-        with open(path, "w") as f:
-            f.write(dash.to_yaml(config))
+        write_file_atomic(path, dash.to_yaml(config))
         prom_cmd = [prometheus_bin, f"--config.file={path}", f"--storage.tsdb.path={work}/data",
                     f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"]
         demo_cmd = shlex.split(workload.format(python=shlex.quote(sys.executable), port=port))

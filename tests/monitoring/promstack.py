@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from gpuprobe import dashboards as dash
+from gpuprobe._files import write_file_atomic
 from gpuprobe.dashboards import to_yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -160,8 +161,7 @@ def http_ok(url: str) -> bool:
 def start_prometheus(config: dict[str, Any], workdir: str, port: int) -> Proc:
     """Write ``config`` as YAML and start Debian's Prometheus on 127.0.0.1:``port`` with temporary storage."""
     path = os.path.join(workdir, "prometheus.yml")
-    with open(path, "w") as f:
-        f.write(to_yaml(config))
+    write_file_atomic(path, to_yaml(config))
     cmd = [PROMETHEUS, f"--config.file={path}", f"--storage.tsdb.path={os.path.join(workdir, 'data')}",
            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", "--storage.tsdb.retention.time=1h"]
     return Proc("prometheus", cmd, os.path.join(workdir, "prometheus.log"))

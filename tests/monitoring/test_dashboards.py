@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuprobe import dashboards as dash
 from gpuprobe._metrics import SPECS
-from gpuprobe.collector import runtime
+from gpuprobe.runtime import runtime
 from gpuprobe.errors import ConfigError
 from gpuprobe.exporters.prometheus import serve
 
@@ -69,6 +69,42 @@ def test_generated_yaml_parses_back_to_the_same_data() -> None:
         assert yaml.safe_load(dash.to_yaml(data)) == data
 
 
+@pytest.mark.parametrize("text", [
+    "", "null", "~", "True", "off", "0123", "1e3", "0x1F", ".inf", "5m", "a: b", "# no comment", "- item",
+    "{{ $labels.instance }}", "[1, 2]", "x\ty\nz", 'quote " and \\ backslash', "÷ · é", "  padded  ",
+    "127.0.0.1:9464", "a" * 300,
+])
+def test_yaml_keeps_every_string_a_string(text: str) -> None:
+    data = {"k": text, "list": [text], text or "empty": 1}
+    assert yaml.safe_load(dash.to_yaml(data)) == data
+
+
+def test_yaml_quotes_promql_and_indents_list_items_under_their_key() -> None:
+    assert dash.to_yaml({"rules": [{"expr": 'up{job="x"} == 0', "for": "5m"}], "on": (1, 2.5, None, False)}) == (
+        'rules:\n'
+        '  - expr: "up{job=\\"x\\"} == 0"\n'
+        '    for: "5m"\n'
+        '"on":\n'
+        '  - 1\n'
+        '  - 2.5\n'
+        '  - null\n'
+        '  - false\n'
+    )
+
+
+def test_shipped_prometheus_files_hold_what_the_generator_holds() -> None:
+    def load(name: str) -> object:
+        with open(os.path.join(PROMETHEUS_DIR, name), encoding="utf-8") as f:
+            return yaml.safe_load(f)
+
+    assert load(dash.RULES_FILE) == dash.recording_rules()
+    assert load(dash.ALERTS_FILE) == dash.alert_rules()
+    assert load("prometheus.yml") == dash.scrape_config()
+    assert load("prometheus-ranks.yml") == dash.scrape_config(ranks=8)
+    assert load("prometheus-otel-collector.yml") == dash.scrape_config(
+        base_port=8889, job="gpuprobe-otel-collector", honor_labels=True)
+
+
 # -- names ----------------------------------------------------------------------------------------
 
 def test_exported_series_are_exactly_those_on_the_metrics_endpoint() -> None:
@@ -92,14 +128,14 @@ def test_every_shipped_query_names_an_exported_or_recorded_series() -> None:
     boards = shipped_dashboards()
     assert {b["uid"] for b in boards} == {"gpuprobe-overview", "gpuprobe-ranks"}
     for board in boards:
-        assert dash.check_names(board) == []
+        assert dash.check_queries(board) == []
 
 
 def test_a_query_naming_a_metric_gpuprobe_does_not_export_is_reported_by_name() -> None:
     board = json.loads(json.dumps(shipped_dashboards()[0]))
     panel = next(p for p in dash.json_panels(board) if p["title"] == "Tokens per second")
     panel["targets"][0]["expr"] = "sum(rate(gen_ai_client_token_usage_total[5m]))"
-    problems = dash.check_names(board)
+    problems = dash.check_queries(board)
     assert problems == [
         "dashboard 'gpuprobe-overview', panel 'Tokens per second', query A: gen_ai_client_token_usage_total is "
         "not a series gpuprobe exports or records (did you mean gen_ai_client_token_usage_count?)"
@@ -121,6 +157,8 @@ def test_check_mode_fails_on_a_hand_edited_query_with_an_unknown_metric(tmp_path
     ("sum by (component) (rate(b[$__rate_interval])) / ignoring(component) group_left sum(c)", ["b", "c"]),
     ('max(gpuprobe:x:p95_rate1m{m=~"$model"}) / min(d offset 5m) * 1e9', ["gpuprobe:x:p95_rate1m", "d"]),
     ('up{job=~"gpuprobe.*"} == 0 and on(instance) e unless f', ["up", "e", "f"]),
+    ('rate(g[$window]) > $threshold + {__name__="h", job="j"}', ["g", "h"]),
+    ('sum(rate(x[1m])) / sum(rate(x[5m])) or vector(0)', ["x"]),
 ])
 def test_metric_names_skips_functions_labels_keywords_and_durations(expr: str, names: list[str]) -> None:
     assert dash.metric_names(expr) == names

@@ -1,0 +1,244 @@
+"""What gpuprobe's dashboards contain: the overview and the ranks dashboard, panel by panel.
+
+Quantile and mean panels read the recording rules of :mod:`.rules`, or compute the same statistics
+in the query when built with ``inline=True``. Every query aggregates explicitly (``sum by (...)``,
+``max by (...)`` or a recording rule that does), so the labels an OpenTelemetry Collector adds
+(``otel_scope_name``, ...) never split a line in two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._metrics import SPECS, prometheus_name
+from .model import GPU_ONLY, Dashboard, Panel, Row, Target
+from .rules import RULES_FILE, STATS, WINDOW, latency, recorded_name, stat_expr
+from .series import ERROR_TYPE, LAYER_TYPE, RANK, TOKEN_TYPE, braces, model_label, series
+
+__all__ = ["Queries", "overview", "ranks", "dashboards"]
+
+
+class Queries:
+    """Builds the PromQL of the panels: filters from the template variables, recorded or inline statistics.
+
+    Args:
+        inline: compute quantiles and means in the query instead of reading the recording rules.
+
+    Example:
+        >>> Queries(inline=False).sel("gpuprobe.memory.peak")
+        'gpuprobe_memory_peak_bytes{gpuprobe_rank=~"$rank", instance=~"$instance"}'
+    """
+
+    def __init__(self, inline: bool) -> None:
+        self.inline = inline
+
+    @staticmethod
+    def filters(metric: str, *extra: str) -> tuple[str, ...]:
+        """``extra`` matchers, then the model (where the metric has one), rank and instance variables."""
+        model = model_label(metric)
+        return (*extra, *((f'{model}=~"$model"',) if model else ()), f'{RANK}=~"$rank"', 'instance=~"$instance"')
+
+    def sel(self, metric: str, part: str = "", *extra: str) -> str:
+        """A series selector of one part of ``metric``, filtered by the variables."""
+        return series(metric, part) + braces(self.filters(metric, *extra))
+
+    def rate(self, metric: str, part: str = "", *extra: str) -> str:
+        """``rate()`` of :meth:`sel` over Grafana's ``$__rate_interval``."""
+        return f"rate({self.sel(metric, part, *extra)}[$__rate_interval])"
+
+    def stat(self, metric: str, stat: str, *extra: str) -> str:
+        """One statistic (``p95``, ``mean``, ...) of a latency histogram: recorded, or computed inline."""
+        if self.inline:
+            return stat_expr(latency(metric), stat, "$__rate_interval", self.filters(metric, *extra))
+        return recorded_name(metric, stat) + braces(self.filters(metric, *extra))
+
+    def latency_targets(self, metric: str, *extra: str, stats: Sequence[str] = STATS, legend: str = "",
+                        ) -> tuple[Target, ...]:
+        """One target per statistic, each line labelled with the statistic and the rank."""
+        return tuple(Target(self.stat(metric, s, *extra), f"{legend}{s} · rank {{{{{RANK}}}}}") for s in stats)
+
+
+def _latency_description(what: str, metric: str) -> str:
+    return (f"{what}: p50, p95 and p99 from the histogram's buckets over {WINDOW} (recording rules in "
+            f"{RULES_FILE}), and the mean (rate of the sum ÷ rate of the count). Series: "
+            f"{prometheus_name(SPECS[metric])}.")
+
+
+def _requests_row(q: Queries) -> Row:
+    ttft, tpot, req = ("gen_ai.server.time_to_first_token", "gen_ai.server.time_per_output_token",
+                       "gen_ai.server.request.duration")
+    usage, active = "gen_ai.client.token.usage", "gpuprobe.generate.active"
+    by_type = f"sum by ({TOKEN_TYPE}) ({q.rate(usage, 'sum')})"
+    failed, succeeded = f'{ERROR_TYPE}!=""', f'{ERROR_TYPE}=""'
+    errors = f"sum by ({ERROR_TYPE}) ({q.rate(req, 'count', failed)})"
+    probe_errors = f"sum by (probe, {ERROR_TYPE}) ({q.rate('gpuprobe.probe.errors')})"
+    return Row("Requests", (
+        Panel("Time to first token", _latency_description("From the generate() call to the first new token", ttft),
+              q.latency_targets(ttft), "s"),
+        Panel("Inter-token latency", _latency_description("Time per output token, one sample per decode step", tpot),
+              q.latency_targets(tpot), "s"),
+        Panel("Request duration", _latency_description("Whole generate() calls that returned (failed calls are "
+                                                       "in Errors)", req), q.latency_targets(req), "s"),
+        Panel("Tokens per second", "Input (prompt) and output (generated) tokens per second: the rate of the "
+              "token-usage histogram's sum, which grows when each generate() call returns.",
+              (Target(by_type, f"{{{{{TOKEN_TYPE}}}}}"),), "suffix: tok/s"),
+        Panel("Requests in flight", "generate() calls running now (gpuprobe.generate.active) and calls "
+              "completed per second.",
+              (Target(f"sum({q.sel(active)})", "in flight"),
+               Target(f"sum({q.rate(req, 'count', succeeded)})", "completed/s")), "short"),
+        Panel("Errors", "Failed generate() calls per second by exception type, and exceptions raised inside "
+              "your own probes.",
+              (Target(errors, f"generate(): {{{{{ERROR_TYPE}}}}}"),
+               Target(probe_errors, f"probe {{{{probe}}}}: {{{{{ERROR_TYPE}}}}}")), "short"),
+    ))
+
+
+def _steps_row(q: Queries) -> Row:
+    step, comp, layer = "gpuprobe.step.duration", "gpuprobe.step.component.duration", "gpuprobe.layer.duration"
+    batch = "gpuprobe.step.batch_size"
+    host = 'clock="host"'
+    per_step = f"sum({q.rate(step, 'count', host)})"
+    step_time = f"sum({q.rate(step, 'sum', host)})"
+    lp = 'component="logits_processor"'
+    by_comp = f"sum by (component) ({q.rate(comp, 'sum')}) / ignoring(component) group_left {per_step}"
+    lp_all = f"sum({q.rate(comp, 'sum', lp)}) / {step_time}"
+    lp_each = f"sum by (processor) ({q.rate(comp, 'sum', lp)}) / ignoring(processor) group_left {step_time}"
+    phase = "{{phase}} "
+    return Row("Generation steps", (
+        Panel("Step time by phase (host clock)", "Mean and p95 of one forward step, prefill and decode, on the "
+              "host clock (what the caller waits for).",
+              q.latency_targets(step, 'clock="host"', stats=("mean", "p95"), legend=phase), "s"),
+        Panel("Step time by phase (device clock)", f"{GPU_ONLY} Mean and p95 of one forward step as a device "
+              "span: the time the GPU took between the step's two CUDA events (read without synchronizing).",
+              q.latency_targets(step, 'clock="device"', stats=("mean", "p95"), legend=phase), "s",
+              gpu_only=True),
+        Panel("Step time by component", "Mean time per step spent in each part of the generation loop: the "
+              "forward pass, logits processors, stopping criteria, streamer and the rest. Stacked, they add "
+              "up to the mean step time.",
+              (Target(by_comp, "{{component}}"),), "s", stack=True),
+        Panel("Logits processors: share of step time", "Time in logits processors (repetition penalty, "
+              "top-k, ...) as a share of host step time: all of them, and each by class.",
+              (Target(lp_all, "all logits processors"), Target(lp_each, "{{processor}}")), "percentunit"),
+        Panel("Decoder layer time", "Mean and p95 of one decoder layer's forward, by layer class (sampled "
+              "on one decode step in N; instrument(model, layers=True)).",
+              q.latency_targets(layer, stats=("mean", "p95"), legend=f"{{{{{LAYER_TYPE}}}}} "), "s"),
+        Panel("Batch size", "Mean sequences per generate() call.",
+              (Target(f"sum({q.rate(batch, 'sum')}) / sum({q.rate(batch, 'count')})", "mean batch size"),),
+              "short"),
+    ))
+
+
+def _memory_row(q: Queries) -> Row:
+    keep = f"instance, {RANK}, device"
+    alloc, reserved, peak = "gpuprobe.memory.allocated", "gpuprobe.memory.reserved", "gpuprobe.memory.peak"
+    who = f" · rank {{{{{RANK}}}}}"
+    mem = f"{{{{device}}}}{who}"
+    kv = model_label("gpuprobe.kv_cache.memory")
+    return Row("Memory", (
+        Panel("Memory allocated and peak", "Allocated bytes (CUDA allocator; process RSS on CPU) and the "
+              "high-water mark since the last reset, read at step ends without synchronizing.",
+              (Target(f"sum by ({keep}) ({q.sel(alloc)})", f"allocated {mem}"),
+               Target(f"sum by ({keep}) ({q.sel(peak)})", f"peak {mem}")), "bytes"),
+        Panel("Memory reserved (CUDA caching allocator)", f"{GPU_ONLY} Bytes the caching allocator holds, and "
+              "how much of it is not allocated to tensors (cached, reusable, but unavailable to other "
+              "processes).",
+              (Target(f"sum by ({keep}) ({q.sel(reserved)})", f"reserved {mem}"),
+               Target(f"sum by ({keep}) ({q.sel(reserved)}) - sum by ({keep}) ({q.sel(alloc)})",
+                      f"reserved, not allocated {mem}")), "bytes", gpu_only=True),
+        Panel("KV cache size", "Bytes held by the KV cache of the running generate() call.",
+              (Target(f"sum by (instance, {RANK}, {kv}) ({q.sel('gpuprobe.kv_cache.memory')})",
+                      f"{{{{{kv}}}}}{who}"),), "bytes"),
+        Panel("KV cache sequence length", "Tokens held by the KV cache (prompt + generated so far).",
+              (Target(f"max by (instance, {RANK}, {kv}) ({q.sel('gpuprobe.kv_cache.sequence_length')})",
+                      f"{{{{{kv}}}}}{who}"),), "short"),
+    ))
+
+
+def _kernels_row(q: Queries) -> Row:
+    kt, kl, probe = "gpuprobe.kernel.time", "gpuprobe.kernel.launches", "gpuprobe.probe.duration"
+    share = f"sum by (category) ({q.rate(kt)}) / ignoring(category) group_left sum({q.rate(kt)})"
+    sampling = ("From sampled profiling: one step in N is profiled (GPUPROBE_KERNEL_SAMPLING=N); on a CPU "
+                "the operators of the step are categorized instead of kernels. ")
+    return Row("Kernels, probes and telemetry", (
+        Panel("Kernel time by category", sampling + "Share of sampled kernel time by category (GEMM, "
+              "attention, ...).", (Target(share, "{{category}}"),), "percentunit", stack=True),
+        Panel("Kernel launches by category", sampling + "Launches per second in sampled steps; multiply by N "
+              "for the whole run.", (Target(f"sum by (category) ({q.rate(kl)})", "{{category}}"),), "short"),
+        Panel("Your probes", "Mean and p95 of each @probe / with probe() region.",
+              q.latency_targets(probe, stats=("mean", "p95"), legend="{{probe}} {{clock}} "), "s"),
+        Panel("Telemetry dropped", "Records gpuprobe could not keep, per second, by reason (full buffers, "
+              "failed OTLP pushes, ...). Anything above zero means the other panels undercount.",
+              (Target(f"sum by (reason) ({q.rate('gpuprobe.telemetry.dropped')})", "{{reason}}"),), "short"),
+    ))
+
+
+def overview(inline: bool = False) -> Dashboard:
+    """The generation overview: latency, throughput, steps, memory, kernels and telemetry health.
+
+    Args:
+        inline: compute quantiles in the queries instead of reading the recording rules.
+
+    Example:
+        >>> [row.title for row in overview().rows]
+        ['Requests', 'Generation steps', 'Memory', 'Kernels, probes and telemetry']
+    """
+    q = Queries(inline)
+    return Dashboard(
+        "gpuprobe-overview", "gpuprobe · generation overview",
+        "Live metrics of generate() calls measured by gpuprobe: latency, throughput, step breakdown, memory.",
+        (_requests_row(q), _steps_row(q), _memory_row(q), _kernels_row(q)),
+    )
+
+
+def ranks(inline: bool = False) -> Dashboard:
+    """Ranks side by side (torchrun): find the slow or struggling rank.
+
+    Args:
+        inline: compute quantiles in the queries instead of reading the recording rules.
+
+    Example:
+        >>> ranks().panels[1].title
+        'Slowest rank ÷ fastest rank'
+    """
+    q = Queries(inline)
+    step, tpot = "gpuprobe.step.duration", "gen_ai.server.time_per_output_token"
+    decode = ('phase="decode"', 'clock="host"')
+    per_rank = f"rank {{{{{RANK}}}}}"
+    usage = q.rate("gen_ai.client.token.usage", "sum", f'{TOKEN_TYPE}="output"')
+    spread = f"max({q.stat(step, 'mean', *decode)}) / min({q.stat(step, 'mean', *decode)})"
+    keep = f"instance, {RANK}"
+    return Dashboard(
+        "gpuprobe-ranks", "gpuprobe · ranks",
+        "One line per rank: spot the rank that is slower, busier or fuller than the others.",
+        (Row("Ranks", (
+            Panel("Decode step time p95 by rank (host clock)", "p95 of one decode step, per rank.",
+                  (Target(q.stat(step, "p95", *decode), per_rank),), "s"),
+            Panel("Slowest rank ÷ fastest rank", "Mean decode step time of the slowest rank divided by the "
+                  "fastest one's: 1 when ranks keep pace; a straggler pulls it up.",
+                  (Target(spread, "slowest ÷ fastest"),), "none"),
+            Panel("Inter-token latency p95 by rank", "p95 time per output token, per rank.",
+                  (Target(q.stat(tpot, "p95"), per_rank),), "s"),
+            Panel("Output tokens per second by rank", "Generated tokens per second, per rank.",
+                  (Target(f"sum by ({RANK}) ({usage})", per_rank),), "suffix: tok/s"),
+            Panel("Memory allocated by rank", "Allocated bytes per rank (process RSS on CPU).",
+                  (Target(f"sum by ({keep}) ({q.sel('gpuprobe.memory.allocated')})", per_rank),), "bytes"),
+            Panel("Requests in flight by rank", "generate() calls running now, per rank.",
+                  (Target(f"sum by ({keep}) ({q.sel('gpuprobe.generate.active')})", per_rank),), "short"),
+            Panel("Decode step time p95 by rank (device clock)", f"{GPU_ONLY} p95 of one decode step as a device "
+                  "span (CUDA events), per rank.", (Target(q.stat(step, "p95", 'phase="decode"', 'clock="device"'), per_rank),),
+                  "s", gpu_only=True),
+            Panel("Telemetry dropped by rank", "Records dropped per second, per rank and reason.",
+                  (Target(f"sum by ({RANK}, reason) ({q.rate('gpuprobe.telemetry.dropped')})",
+                          f"{per_rank}: {{{{reason}}}}"),), "short"),
+        )),),
+    )
+
+
+def dashboards(inline: bool = False) -> list[Dashboard]:
+    """Every dashboard gpuprobe ships.
+
+    Example:
+        >>> [d.uid for d in dashboards()]
+        ['gpuprobe-overview', 'gpuprobe-ranks']
+    """
+    return [overview(inline), ranks(inline)]

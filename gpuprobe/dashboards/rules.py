@@ -1,0 +1,195 @@
+"""Prometheus recording and alert rules over gpuprobe's metrics (``gpuprobe-rules.yml``, ``gpuprobe-alerts.yml``).
+
+The recording rules compute p50/p95/p99 and the mean of the latency histograms over :data:`WINDOW`;
+dashboards and alerts read them by :func:`recorded_name`. Every rule aggregates explicitly, so the
+labels an OpenTelemetry Collector adds never split a series.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from .._metrics import SPECS, prometheus_name
+from ..errors import ConfigError
+from .series import ERROR_TYPE, LAYER_TYPE, RANK, braces, model_label, series
+
+__all__ = [
+    "WINDOW",
+    "QUANTILES",
+    "STATS",
+    "TTFT_ALERT_SECONDS",
+    "RULES_FILE",
+    "ALERTS_FILE",
+    "Latency",
+    "LATENCIES",
+    "latency",
+    "stat_expr",
+    "recorded_name",
+    "recorded_series",
+    "recording_rules",
+    "alert_rules",
+]
+
+WINDOW = "1m"
+"""The rate window of the recording rules."""
+QUANTILES = (0.5, 0.95, 0.99)
+TTFT_ALERT_SECONDS = 2.0
+"""The time-to-first-token p95 above which ``GpuprobeTimeToFirstTokenHigh`` fires."""
+RULES_FILE = "gpuprobe-rules.yml"
+ALERTS_FILE = "gpuprobe-alerts.yml"
+
+
+@dataclasses.dataclass(frozen=True)
+class Latency:
+    """A histogram whose quantiles and mean are recorded by ``gpuprobe-rules.yml``.
+
+    Attributes:
+        metric: the OpenTelemetry name.
+        by: labels kept besides job, instance, rank and model (e.g. ``phase``, ``clock``).
+        match: matchers applied before aggregating (e.g. successful requests only).
+
+    Example:
+        >>> Latency("gpuprobe.step.duration", by=("phase",)).keep
+        ('job', 'instance', 'gpuprobe_rank', 'model', 'phase')
+    """
+
+    metric: str
+    by: tuple[str, ...] = ()
+    match: tuple[str, ...] = ()
+
+    @property
+    def keep(self) -> tuple[str, ...]:
+        """The labels each recorded series keeps."""
+        model = model_label(self.metric)
+        return ("job", "instance", RANK, *((model,) if model else ()), *self.by)
+
+
+LATENCIES: tuple[Latency, ...] = (
+    Latency("gen_ai.server.time_to_first_token"),
+    Latency("gen_ai.server.time_per_output_token"),
+    Latency("gen_ai.server.request.duration", match=(f'{ERROR_TYPE}=""',)),
+    Latency("gpuprobe.step.duration", by=("phase", "clock")),
+    Latency("gpuprobe.layer.duration", by=(LAYER_TYPE,)),
+    Latency("gpuprobe.probe.duration", by=("probe", "clock")),
+)
+_BY_METRIC = {lat.metric: lat for lat in LATENCIES}
+STATS = (*(f"p{round(q * 100)}" for q in QUANTILES), "mean")
+"""The statistics recorded for each latency histogram: ``p50``, ``p95``, ``p99`` and ``mean``."""
+
+
+def latency(metric: str) -> Latency:
+    """The recorded latency histogram ``metric``.
+
+    Raises:
+        ConfigError: no statistics are recorded for ``metric``.
+
+    Example:
+        >>> latency("gpuprobe.step.duration").by
+        ('phase', 'clock')
+    """
+    try:
+        return _BY_METRIC[metric]
+    except KeyError:
+        raise ConfigError(f"no statistics are recorded for {metric!r}; recorded: {', '.join(_BY_METRIC)}") from None
+
+
+def recorded_name(metric: str, stat: str) -> str:
+    """The recording rule's series name for one statistic of a latency histogram.
+
+    Example:
+        >>> recorded_name("gen_ai.server.time_to_first_token", "p95")
+        'gpuprobe:gen_ai_server_time_to_first_token_seconds:p95_rate1m'
+    """
+    if metric not in _BY_METRIC or stat not in STATS:
+        raise ConfigError(f"no recorded statistic {stat!r} for {metric!r}")
+    return f"gpuprobe:{prometheus_name(SPECS[metric])}:{stat}_rate{WINDOW}"
+
+
+def recorded_series() -> set[str]:
+    """Every series name the recording rules produce.
+
+    Example:
+        >>> len(recorded_series()) == len(LATENCIES) * len(STATS)
+        True
+    """
+    return {recorded_name(lat.metric, stat) for lat in LATENCIES for stat in STATS}
+
+
+def stat_expr(lat: Latency, stat: str, window: str, matchers: Sequence[str] = ()) -> str:
+    """The PromQL computing one statistic of ``lat`` over ``window``, aggregated to :attr:`Latency.keep`.
+
+    Example:
+        >>> stat_expr(latency("gpuprobe.probe.duration"), "p50", "5m")
+        'histogram_quantile(0.5, sum by (le, job, instance, gpuprobe_rank, probe, clock) (rate(gpuprobe_probe_duration_seconds_bucket[5m])))'
+    """
+    sel = (*lat.match, *matchers)
+    keep = ", ".join(lat.keep)
+    if stat == "mean":
+        parts = [f"sum by ({keep}) (rate({series(lat.metric, p)}{braces(sel)}[{window}]))" for p in ("sum", "count")]
+        return f"{parts[0]} / {parts[1]}"
+    q = int(stat[1:]) / 100
+    buckets = f"rate({series(lat.metric, 'bucket')}{braces(sel)}[{window}])"
+    return f"histogram_quantile({q:g}, sum by (le, {keep}) ({buckets}))"
+
+
+def recording_rules() -> dict[str, Any]:
+    """The recording rules the dashboards and alerts read (``gpuprobe-rules.yml``).
+
+    Example:
+        >>> recording_rules()["groups"][0]["rules"][0]["record"]
+        'gpuprobe:gen_ai_server_time_to_first_token_seconds:p50_rate1m'
+    """
+    rules = [
+        {"record": recorded_name(lat.metric, stat), "expr": stat_expr(lat, stat, WINDOW)}
+        for lat in LATENCIES
+        for stat in STATS
+    ]
+    return {"groups": [{"name": "gpuprobe-latency", "rules": rules}]}
+
+
+def _new_or_increased(expr_by: str, sel: str) -> str:
+    # increase() is 0 for a series that has just appeared; "x unless x offset 5m" catches its first value.
+    return (f"sum by ({expr_by}) (increase({sel}[5m])) > 0 or "
+            f"sum by ({expr_by}) ({sel} unless {sel} offset 5m) > 0")
+
+
+def alert_rules(ttft_seconds: float = TTFT_ALERT_SECONDS) -> dict[str, Any]:
+    """A few alerts: slow first token, dropped telemetry, failing generate() calls, a rank gone.
+
+    Args:
+        ttft_seconds: the time-to-first-token p95 above which ``GpuprobeTimeToFirstTokenHigh`` fires.
+
+    Example:
+        >>> alert_rules(ttft_seconds=0.5)["groups"][0]["rules"][0]["expr"]
+        'gpuprobe:gen_ai_server_time_to_first_token_seconds:p95_rate1m > 0.5'
+    """
+    ttft = recorded_name("gen_ai.server.time_to_first_token", "p95")
+    model = model_label("gen_ai.server.request.duration")
+    errors = f'{series("gen_ai.server.request.duration", "count")}{{{ERROR_TYPE}!=""}}'
+    dropped = series("gpuprobe.telemetry.dropped")
+    where = "{{ $labels.instance }} rank {{ $labels." + RANK + " }}"
+    return {"groups": [{"name": "gpuprobe-alerts", "rules": [
+        {"alert": "GpuprobeTimeToFirstTokenHigh", "expr": f"{ttft} > {ttft_seconds:g}", "for": "5m",
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": f"Time to first token p95 above {ttft_seconds:g} s on {where}",
+                         "description": "p95 over 1 m is {{ $value | humanizeDuration }} for model {{ $labels."
+                                        + str(model) + " }}."}},
+        {"alert": "GpuprobeTelemetryDropped",
+         "expr": _new_or_increased(f"job, instance, {RANK}, reason", dropped),
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": "gpuprobe dropped telemetry ({{ $labels.reason }}) on " + where,
+                         "description": "Dashboards undercount while records are dropped; see "
+                                        "docs/metrics.md, section Dropped telemetry."}},
+        {"alert": "GpuprobeGenerationErrors",
+         "expr": _new_or_increased(f"job, instance, {RANK}, {model}, {ERROR_TYPE}", errors),
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": "generate() raised {{ $labels." + ERROR_TYPE + " }} on " + where,
+                         "description": "generate() calls of model {{ $labels." + str(model) + " }} failed "
+                                        "in the last 5 minutes."}},
+        {"alert": "GpuprobeTargetDown", "expr": 'up{job=~"gpuprobe.*"} == 0', "for": "1m",
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": "gpuprobe /metrics at {{ $labels.instance }} cannot be scraped",
+                         "description": "The process (or one rank of it) stopped or its port changed."}},
+    ]}]}
