@@ -132,14 +132,14 @@ def seam_cost(steps: int = 3000, rounds: int = 7) -> dict[str, float]:
 
     Drives the real seams of an instrumented model around no-op originals, in the order a decode step
     calls them, with greedy decoding's logits-processor and stopping-criteria lists; the plain loop
-    makes the same calls on the uninstrumented objects. The collector's aggregation of the step's records is included.
+    makes the same calls on the uninstrumented objects. The runtime's aggregation of the step's records is included.
     Medians of ``rounds`` rounds of ``steps`` steps.
     """
     import torch
     from transformers import (LlamaConfig, LlamaForCausalLM, LogitsProcessorList, MaxLengthCriteria,
                               StoppingCriteriaList)
 
-    from gpuprobe.collector import runtime
+    from gpuprobe.runtime import runtime
     from gpuprobe.integrations import _hf_generate as g
     from gpuprobe.integrations.transformers import instrument
 
@@ -164,7 +164,7 @@ def seam_cost(steps: int = 3000, rounds: int = 7) -> dict[str, float]:
         return LogitsProcessorList(), StoppingCriteriaList([MaxLengthCriteria(10**9)])
 
     def instrumented() -> float:
-        ctx = g._Call(time.perf_counter_ns(), rt.buffer(), None, None)
+        ctx = g._Call(time.perf_counter_ns(), rt.thread_records(), None, None)
         st.tls.ctx = ctx
         lp, sc = processors()
         lp, sc = g.timed_list(lp, ctx, st, "logits"), g.timed_list(sc, ctx, st, "stopping")

@@ -49,7 +49,7 @@ def main() -> int:
 
     import gpuprobe
     from gpuprobe import profiling
-    from gpuprobe.collector import runtime
+    from gpuprobe.runtime import runtime
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--every", type=int, default=100)
@@ -81,7 +81,8 @@ def main() -> int:
 
     def run(variant: str | None, steps: int) -> float:
         # Align the step counter so the first step of the run is a sampled one.
-        rt.step_index = ((rt.step_index // args.every) + 1) * args.every - 1
+        while (rt.steps.index + 1) % args.every:
+            rt.advance_step()  # no sampler attached yet: only counts
         sampler = None
         if variant is not None:
             sampler = profiling.KernelSampler(args.every)

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import memory
-from .collector import collect
+from . import _autostart, memory
 from .config import Config
 from .errors import ConfigError, GpuprobeError, MissingDependencyError
 from ._probe import Probe, disable, enable, is_enabled, probe
-
-__version__ = "0.1.0"
+from ._version import __version__
+from .runtime import collect
 
 __all__ = [
     "probe", "Probe", "serve", "configure", "profile", "enable", "disable", "is_enabled", "info", "step", "collect",
@@ -48,7 +47,10 @@ def serve(port: int | None = None, addr: str | None = None) -> Any:
 def configure(*, meter_provider: Any = None, **settings: Any) -> Config:
     """Change settings (the keywords of :class:`Config`) and (re)start the exporters they name.
 
-    Aggregates are kept; exporters started by an earlier ``configure`` are stopped first.
+    Aggregates are kept, and so is what you started yourself (``serve()``, exporters you attached,
+    profile windows). What an earlier ``configure`` (or the environment) started is stopped first and
+    started again from the new settings. Every prepared probe follows the new settings at once.
+    ``disable=True``/``False`` switches probes off/on at run time, as :func:`disable`/:func:`enable`.
 
     Args:
         meter_provider: an OpenTelemetry ``MeterProvider`` of yours to feed gpuprobe's metrics into.
@@ -59,7 +61,8 @@ def configure(*, meter_provider: Any = None, **settings: Any) -> Config:
         The settings now in force.
 
     Raises:
-        ConfigError: an unknown keyword or a bad value; the message names it.
+        ConfigError: an unknown keyword or a bad value; the message names it. Also
+            ``disable=False`` in a process imported with ``GPUPROBE_DISABLE=1``.
 
     Example:
         >>> import gpuprobe
@@ -67,14 +70,21 @@ def configure(*, meter_provider: Any = None, **settings: Any) -> Config:
         True
         >>> _ = gpuprobe.configure(memory=False)
     """
-    from . import collector, config
+    from . import config
+    from .runtime import runtime
 
-    cfg = config.replace(config.current(), **settings)
-    rt = collector.reset(cfg, zero=False)
+    rt = runtime()
+    cfg = config.replace(rt.settings, **settings)
+    if "disable" in settings:
+        if cfg.disable:
+            disable()
+        else:
+            enable()
+    rt.configure(cfg)
     if meter_provider is not None:
         from .exporters.otlp import MeterProviderBridge
 
-        MeterProviderBridge(meter_provider).attach(rt)
+        MeterProviderBridge(meter_provider).attach(rt, owner="settings")
     return cfg
 
 
@@ -86,21 +96,20 @@ def info() -> dict[str, Any]:
         >>> sorted(gpuprobe.info())[:3]
         ['device', 'disabled_by_env', 'enabled']
     """
-    from . import _probe
-    from .collector import runtime
+    from .runtime import DISABLED_AT_IMPORT, runtime
 
     rt = runtime()
-    rt.backends()
+    b = rt.backends
     return {
         "version": __version__,
         "enabled": is_enabled(),
-        "disabled_by_env": _probe._DISABLED_AT_IMPORT,
-        "timing": "host" + (f"+{rt.timer.name}" if rt.timer is not None else ""),
-        "nvtx": rt.nvtx.name,
-        "memory": "cuda-allocator" if rt.device.startswith("cuda") else "process-rss",
-        "device": rt.device,
-        "rank": rt.cfg.rank,
-        "exporters": [repr(getattr(e, "server", e)) for e in rt.exporters],
+        "disabled_by_env": DISABLED_AT_IMPORT,
+        "timing": "host" + (f"+{b.device_clock.name}" if b.device_clock is not None else ""),
+        "nvtx": b.nvtx.name,
+        "memory": "cuda-allocator" if b.cuda else "process-rss",
+        "device": rt.registry.const_labels["gpuprobe.device"],
+        "rank": rt.settings.rank,
+        "exporters": [repr(e) for e in rt.lifecycle.items()],
     }
 
 
@@ -123,6 +132,6 @@ def step() -> int:
         >>> import gpuprobe
         >>> i = gpuprobe.step()
     """
-    from .collector import runtime
+    from .runtime import runtime
 
-    return runtime().step()
+    return runtime().advance_step()

@@ -78,10 +78,12 @@ def render() -> str:
         "## Dropped telemetry",
         "",
         "`gpuprobe.telemetry.dropped` counts what could not be kept, by `reason`: `event_pool_exhausted`",
-        "(more CUDA timings in flight than the event pool holds; host timing is never dropped),",
+        "(more CUDA timings in flight on a device than its event pool holds; host timing is never dropped),",
+        "`device_timing_failed` (recording a CUDA event failed; the call's host time is kept),",
         "`otlp_export_failed` (data points of a failed push; the next push sends the cumulative values",
         "again, so nothing is lost once the endpoint recovers), `jsonl_queue_full`, `jsonl_write_failed`,",
-        "`meter_provider_queue_full`.",
+        "`meter_provider_queue_full`, `meter_provider_write_failed`, `kernel_sampling_busy` (a step that",
+        "another profiler owned, or whose predecessor's sample was still being read, was not sampled).",
         "",
     ]
     return "\n".join(lines)

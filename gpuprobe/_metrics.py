@@ -1,7 +1,7 @@
 """gpuprobe's own aggregates: fixed-bucket histograms, counters, up-down counters and gauges.
 
 Nothing here imports an exporter library. Values arrive as records ``(child, value)`` drained from
-per-thread buffers (see :mod:`gpuprobe.collector`) and are applied under the collector's lock, so a
+per-thread buffers (see :mod:`gpuprobe._buffers`) and are applied under the runtime's lock, so a
 child is only ever mutated by one thread at a time. Exporters read :meth:`Registry.snapshot`.
 
 Durations are recorded in integer nanoseconds (what ``perf_counter_ns`` gives) and exposed in seconds:
@@ -332,6 +332,12 @@ class Registry:
                     self.families[name] = fam
         return fam
 
+    def reset_after_fork(self) -> None:
+        """In a forked child: locks held by the parent's threads would never be released here."""
+        self._lock = threading.Lock()
+        for fam in list(self.families.values()):
+            fam._lock = threading.Lock()
+
     def zero(self) -> None:
         """Set every series back to zero in place (prepared children stay valid)."""
         for fam in list(self.families.values()):
@@ -346,7 +352,7 @@ class Registry:
                     child.touched = False  # type: ignore[attr-defined]
 
     def snapshot(self, names: Iterable[str] | None = None) -> list[MetricData]:
-        """Copy every series (call under the collector's lock for a consistent view)."""
+        """Copy every series (call under the runtime's lock for a consistent view)."""
         out = []
         for name in list(self.families if names is None else names):
             fam = self.families.get(name)

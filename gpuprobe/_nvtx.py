@@ -101,7 +101,7 @@ def pick() -> NvtxBackend:
     torch = sys.modules.get("torch")
     if torch is not None and os.environ.get("NVTX_INJECTION64_PATH"):
         try:
-            if torch.cuda.is_available():
+            if torch.cuda.device_count() > 0:  # not is_available(): that would poison fork
                 torch.cuda.nvtx.range_push("gpuprobe")  # raises on builds without NVTX
                 torch.cuda.nvtx.range_pop()
                 return _TorchBackend(torch.cuda.nvtx)

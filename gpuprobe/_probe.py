@@ -22,49 +22,62 @@ What a range spans:
   thread would interleave push/pop ranges;
 - generator functions: from the first ``next()`` to the generator's end (exhausted, returned,
   raised or closed), consumer time in between included; also a start/end range;
-- ``with probe(...)``: the block (push/pop range); ``async with``: the block, start/end range.
+- ``with probe(...)``: the block (push/pop range); ``async with``: the block, start/end range. Each
+  thread has its own stack of open ``with`` blocks and each asyncio task its own stack of open
+  ``async with`` blocks, so overlapping tasks never see each other's blocks.
+
+Device time (a span between two CUDA events on the stream where the work runs, see
+:mod:`gpuprobe.timing`) is taken by plain functions and ``with`` blocks only: async code and
+generators interleave with other work on the same thread and stream, so a span would claim time that
+is not theirs; they record host time only.
 
 An exception inside propagates unchanged; the range is closed and ``gpuprobe.probe.errors`` counts
-it with ``error.type``. Each thread has its own stack of open ``with`` blocks.
+it with ``error.type``.
 
 Cost model: all choices (backends, sampling, memory) are made when the probe is prepared; a call
 checks one flag when gpuprobe is disabled at run time, and with ``GPUPROBE_DISABLE=1`` at import the
-decorator hands back the function itself.
+decorator hands back the function itself. A reconfiguration rebinds every prepared probe and
+regenerates every wrapper in place (:func:`_rebind_all`), so no call checks for a stale binding.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from time import perf_counter_ns
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
-from . import config, memory
-from .collector import Runtime, runtime
 from .errors import ConfigError
+from .runtime import DISABLED_AT_IMPORT, Runtime, on_reconfigure, runtime
 
 __all__ = ["probe", "Probe", "enable", "disable", "is_enabled"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Read once at import: with GPUPROBE_DISABLE=1, decoration returns the function itself.
-_DISABLED_AT_IMPORT = config.current().disable
 # The run-time switch: one global read per call.
-_on = True
+_on = not DISABLED_AT_IMPORT
 
 
 def enable() -> None:
     """Turn probes back on after :func:`disable`.
+
+    Raises:
+        ConfigError: gpuprobe was imported with ``GPUPROBE_DISABLE=1``: nothing was installed.
 
     Example:
         >>> import gpuprobe
         >>> gpuprobe.disable(); gpuprobe.enable()
     """
     global _on
+    if DISABLED_AT_IMPORT:
+        raise ConfigError("gpuprobe was imported with GPUPROBE_DISABLE=1: probes were not installed and cannot be "
+                          "enabled in this process; unset GPUPROBE_DISABLE and restart")
     _on = True
 
 
@@ -76,7 +89,7 @@ def disable() -> None:
 
 def is_enabled() -> bool:
     """Whether probes record (False after :func:`disable` or with ``GPUPROBE_DISABLE=1``)."""
-    return _on and not _DISABLED_AT_IMPORT
+    return _on
 
 
 def _is_compiling_lazy() -> bool:
@@ -119,6 +132,53 @@ def _check(name: Any, kind: Any, attrs: Any, every: Any) -> dict[str, str]:
     return out
 
 
+_NAMELESS = ("a block needs a name: write 'with probe(\"decode\"):' — probe() without a name only decorates "
+             "a function, which names it")
+
+
+class _NoDeviceClock:
+    """Stands in for the device clock when there is none, so a wrapper's parts always have a target."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def start(device: int | None = None) -> None:
+        return None
+
+    @staticmethod
+    def stop(token: Any) -> None:
+        # Only reached by a call that started under a device clock and ends after a reconfiguration
+        # removed it: give the start event back.
+        if token is not None:
+            token[0].release(token[1])
+
+
+_NO_CLOCK = _NoDeviceClock()
+
+
+class _Binding:
+    """What one probe uses under one backends snapshot (replaced whole at a reconfiguration)."""
+
+    __slots__ = ("generation", "nvtx", "push", "pop", "start_range", "end_range", "handle", "clock", "timed",
+                 "device", "memory", "limit")
+
+    def __init__(self, site: Probe, rt: Runtime) -> None:
+        b = rt.backends
+        self.generation = b.generation
+        nv = b.nvtx
+        self.nvtx = nv.enabled
+        self.push, self.pop, self.start_range, self.end_range = nv.push, nv.pop, nv.start, nv.end
+        name = site.name or "?"
+        self.handle = nv.prepare(name, site.kind)
+        clock = b.device_clock
+        self.clock: Any = clock if clock is not None else _NO_CLOCK
+        self.timed = clock is not None  # why a flag: a test of it is ~50 ns cheaper than a no-op call
+        self.device = (rt.family("gpuprobe.probe.duration").child(probe=name, kind=site.kind, clock="device",
+                                                                   **site.attrs) if clock is not None else None)
+        self.memory = bool(rt.settings.memory if site.memory is None else site.memory)
+        self.limit = rt.settings.buffer_size
+
+
 class Probe:
     """A prepared probe: a decorator and a (sync or async) context manager.
 
@@ -126,8 +186,8 @@ class Probe:
     """
 
     __slots__ = (
-        "name", "kind", "attrs", "every", "memory", "rt", "handle", "host", "device",
-        "_errors", "_mem", "_n", "_stack", "_local",
+        "name", "kind", "attrs", "every", "memory", "rt", "host", "_b", "_errors", "_mem", "_n", "_stack",
+        "_tasks", "_local", "_wrappers", "__weakref__",
     )
 
     def __init__(self, name: str | None, kind: str = "user", attrs: Mapping[str, Any] | None = None,
@@ -138,47 +198,69 @@ class Probe:
         self.every = every
         self.memory = memory
         self._n = 0
-        self._stack = threading.local()
+        self._stack = threading.local()  # .frames: this thread's open `with` blocks
+        self._tasks: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(f"gpuprobe:{name}", default=())
         self._local = threading.local()  # .queue: this thread's queue of host durations
+        self._wrappers: list[weakref.ref[Any]] = []
+        self._b: _Binding | None = None
+        self._mem: dict[str, tuple[Any, Any, Any]] = {}
         if name is not None:
-            self._bind(runtime())
-
-    def _bind(self, rt: Runtime) -> None:
-        rt.backends()
-        self.rt = rt
-        if self.memory is None:
-            self.memory = rt.cfg.memory
-        name = self.name or "?"
-        self.handle = rt.nvtx.prepare(name, self.kind)
-        dur = rt.family("gpuprobe.probe.duration")
-        self.host = dur.child(probe=name, kind=self.kind, clock="host", **self.attrs)
-        self.device = dur.child(probe=name, kind=self.kind, clock="device", **self.attrs) if rt.timer else None
-        self._errors = rt.family("gpuprobe.probe.errors")
-        mem = rt.family
-        dev = rt.device
-        self._mem = (mem("gpuprobe.memory.allocated").child(device=dev),
-                     mem("gpuprobe.memory.reserved").child(device=dev),
-                     mem("gpuprobe.memory.peak").child(device=dev))
+            rt = runtime()
+            self.rt = rt
+            self.host = rt.family("gpuprobe.probe.duration").child(probe=name, kind=kind, clock="host", **self.attrs)
+            self._errors = rt.family("gpuprobe.probe.errors")
+            with _sites_lock:
+                self._b = _Binding(self, rt)
+                _sites.add(self)
 
     # -- slow paths, shared by every form ----------------------------------------------------
     def _error(self, exc: BaseException) -> None:
         rt = self.rt
         rt.emit(self._errors.child(probe=self.name, **{"error.type": type(exc).__qualname__}), 1)
-        if rt.cfg.snapshot_on_oom and type(exc).__name__ == "OutOfMemoryError":
-            memory.triggered_snapshot(rt.cfg.snapshot_dir, "oom")
+        rt.observe_exception(exc)
 
     def _read_memory(self) -> None:
         rt = self.rt
         try:
-            alloc, reserved, peak = rt.read_memory()  # type: ignore[misc]
+            reading = rt.backends.read_memory(None)
         except Exception as exc:
             rt.warn_once("memory", f"gpuprobe: memory reading failed: {exc!r}")
             return
-        a, r, p = self._mem
-        rt.emit(a, alloc)
-        if reserved is not None:
-            rt.emit(r, reserved)
-        rt.emit(p, peak)
+        if reading is None:
+            return
+        series = self._mem.get(reading.device)
+        if series is None:
+            fam = rt.family
+            dev = reading.device
+            series = (fam("gpuprobe.memory.allocated").child(device=dev), fam("gpuprobe.memory.reserved").child(device=dev),
+                      fam("gpuprobe.memory.peak").child(device=dev))
+            self._mem[dev] = series
+            if dev != "cpu":
+                rt.note_device(dev)
+        allocated, reserved, peak = series
+        rt.emit(allocated, reading.allocated)
+        if reading.reserved is not None:
+            rt.emit(reserved, reading.reserved)
+        rt.emit(peak, reading.peak)
+
+    # What the generated wrappers' optional parts call (see _PARTS): they read the current binding.
+    def _nvtx_push(self) -> None:
+        b = self._b
+        b.push(b.handle)  # type: ignore[union-attr]
+
+    def _nvtx_pop(self) -> None:
+        self._b.pop()  # type: ignore[union-attr]
+
+    def _device_start(self) -> Any:
+        b = self._b
+        return b.clock.start() if b.timed else None  # type: ignore[union-attr]
+
+    def _device_stop(self, token: Any) -> None:
+        b = self._b
+        self.rt.add_pending(b.device, b.clock.stop(token))  # type: ignore[union-attr]
+
+    def _new_queue(self) -> Any:
+        return self.rt.buffers.value_queue(self.host, self._local)
 
     def _skip(self) -> bool:
         # Sampling: record one call in ``every`` (a racy count across threads is fine for sampling).
@@ -187,7 +269,7 @@ class Probe:
 
     # -- decorator ---------------------------------------------------------------------------
     def __call__(self, fn: F) -> F:
-        if _DISABLED_AT_IMPORT:
+        if DISABLED_AT_IMPORT:
             return fn
         if not callable(fn):
             raise TypeError(f"probe() decorates callables, got {type(fn).__name__}")
@@ -215,71 +297,95 @@ class Probe:
             return frames
 
     def __enter__(self) -> Probe:
+        b = self._b
+        if b is None:
+            raise ConfigError(_NAMELESS)
         frames = self._frames()
-        if not _on or _DISABLED_AT_IMPORT or _is_compiling() or self.name is None or (self.every > 1 and self._skip()):
+        if not _on or _is_compiling() or (self.every > 1 and self._skip()):
             frames.append(None)
             return self
-        rt = self.rt
-        nv = rt.nvtx
-        if nv.enabled:
-            nv.push(self.handle)
-        timer = rt.timer
-        frames.append((timer.start() if timer is not None else None, perf_counter_ns()))
+        if b.nvtx:
+            b.push(b.handle)
+        frames.append((b, b.clock.start() if b.timed else None, perf_counter_ns()))
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         frame = self._frames().pop()
         if frame is None:
             return
-        self._finish(frame, ev, nvtx_pop=True)
+        b, token, t0 = frame
+        dt = perf_counter_ns() - t0
+        if token is not None:
+            self.rt.add_pending(b.device, b.clock.stop(token))
+        if b.nvtx:
+            b.pop()
+        self._finish(b, dt, ev)
 
     async def __aenter__(self) -> Probe:
-        frames = self._frames()
-        if not _on or _DISABLED_AT_IMPORT or _is_compiling() or self.name is None or (self.every > 1 and self._skip()):
-            frames.append(None)
+        b = self._b
+        if b is None:
+            raise ConfigError(_NAMELESS)
+        stack = self._tasks.get()
+        if not _on or _is_compiling() or (self.every > 1 and self._skip()):
+            self._tasks.set((*stack, None))
             return self
-        rt = self.rt
-        rid = rt.nvtx.start(self.handle) if rt.nvtx.enabled else None
-        timer = rt.timer
-        frames.append((timer.start() if timer is not None else None, perf_counter_ns(), rid))
+        rid = b.start_range(b.handle) if b.nvtx else None
+        self._tasks.set((*stack, (b, rid, perf_counter_ns())))
         return self
 
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
                         tb: TracebackType | None) -> None:
-        frame = self._frames().pop()
+        stack = self._tasks.get()
+        frame = stack[-1]
+        self._tasks.set(stack[:-1])
         if frame is None:
             return
-        self._finish(frame[:2], ev, nvtx_pop=False)
-        if frame[2] is not None:
-            self.rt.nvtx.end(frame[2])
-
-    def _finish(self, frame: tuple[Any, int], exc: BaseException | None, *, nvtx_pop: bool) -> None:
-        tok, t0 = frame
+        b, rid, t0 = frame
         dt = perf_counter_ns() - t0
-        rt = self.rt
-        if tok is not None:
-            rt.emit(rt.pending_target, (self.device, rt.timer.stop(tok)))  # type: ignore[union-attr]
-        if nvtx_pop and rt.nvtx.enabled:
-            rt.nvtx.pop()
+        if rid is not None:
+            b.end_range(rid)
+        self._finish(b, dt, ev)
+
+    def _finish(self, b: _Binding, dt: int, exc: BaseException | None) -> None:
         if exc is not None:
             self._error(exc)
-        if self.memory:
+        if b.memory:
             self._read_memory()
         try:
             queue = self._local.queue
         except AttributeError:
-            queue = rt.value_queue(self.host, self._local)
+            queue = self._new_queue()
         queue.append(dt)
-        if len(queue) >= rt.cfg.buffer_size:
-            rt.drain()
+        if len(queue) >= b.limit:
+            self.rt.drain()
 
     def __repr__(self) -> str:
         return f"probe({self.name!r}, kind={self.kind!r})"
 
 
+# Every named probe, so a reconfiguration can rebind them (weak: a dropped probe is not kept alive).
+_sites: weakref.WeakSet[Probe] = weakref.WeakSet()
+_sites_lock = threading.Lock()
+
+
+def _rebind_all(rt: Runtime) -> None:
+    """Give every prepared probe and generated wrapper the runtime's new backends (see :func:`_wrap_sync`)."""
+    with _sites_lock:
+        for site in list(_sites):
+            if site.rt is not rt:
+                continue
+            site._b = _Binding(site, rt)
+            alive = []
+            for ref in site._wrappers:
+                wrapper = ref()
+                if wrapper is not None:
+                    _regenerate(wrapper, site)
+                    alive.append(ref)
+            site._wrappers = alive
+
+
 _SYNC_BODY = """
-def _gp_factory(_gp_fn, _gp_site, _gp_defaults, _gp_kwdefaults, _gp_push, _gp_pop, _gp_handle,
-                _gp_timer, _gp_device, _gp_pending, _gp_local, _gp_host, _gp_new_queue, _gp_drain, _gp_limit):
+def _gp_factory(_gp_fn, _gp_site, _gp_defaults, _gp_kwdefaults, _gp_local, _gp_limit):
     def wrapper({params}):
         if not _on or _is_compiling(){sampled_check}:
             return _gp_fn({call})
@@ -296,22 +402,27 @@ def _gp_factory(_gp_fn, _gp_site, _gp_defaults, _gp_kwdefaults, _gp_push, _gp_po
                 # ~30 ns; the queue belongs to this probe and this thread.
                 _gp_queue = _gp_local.queue
             except AttributeError:
-                _gp_queue = _gp_new_queue(_gp_host, _gp_local)
+                _gp_queue = _gp_site._new_queue()
             _gp_queue.append(_gp_dt)
             if len(_gp_queue) >= _gp_limit:
-                _gp_drain()
+                _gp_site.rt.drain()
     return wrapper
 """
 
-# Optional parts of the wrapper, included only when the probe needs them (decided once, when the
-# probe wraps the function, so a call never tests a switch that cannot change).
+# Optional parts of the wrapper, included only when the probe needs them (decided when the probe
+# wraps the function and at each reconfiguration, so a call never tests a switch that cannot change).
+# Why the optional parts call methods of the site rather than bound methods held in cells: every cell
+# of a closure is copied into the frame at each call (COPY_FREE_VARS, ~1.3 ns a cell on CPython 3.11,
+# paid by the disabled path too); these parts cost microseconds anyway (an NVTX tool, a CUDA event),
+# and going through the site reads its current binding, so a call that straddles a reconfiguration
+# stays consistent. Four cells, the same in every variant, are what lets _regenerate swap the code.
 _PARTS = {
     "sampled_check": " or _gp_site._skip()",
-    "nvtx_push": "        _gp_push(_gp_handle)\n",
-    "timer_start": "        _gp_tok = _gp_timer.start()\n",
+    "nvtx_push": "        _gp_site._nvtx_push()\n",
+    "timer_start": "        _gp_tok = _gp_site._device_start()\n",
     "timer_stop": "            if _gp_tok is not None:\n"
-                  "                _gp_site.rt.emit(_gp_pending, (_gp_device, _gp_timer.stop(_gp_tok)))\n",
-    "nvtx_pop": "            _gp_pop()\n",
+                  "                _gp_site._device_stop(_gp_tok)\n",
+    "nvtx_pop": "            _gp_site._nvtx_pop()\n",
     "memory": "            _gp_site._read_memory()\n",
 }
 
@@ -375,17 +486,19 @@ def _signature_source(fn: Callable[..., Any]) -> tuple[str, str, tuple[Any, ...]
     return ", ".join(params), ", ".join(call), tuple(defaults), kwdefaults
 
 
-def _wrap_sync(fn: Callable[..., Any], site: Probe) -> Callable[..., Any]:
-    rt = site.rt
-    nv = rt.nvtx
-    params, call, defaults, kwdefaults = _signature_source(fn)
+def _build(fn: Callable[..., Any], site: Probe, params: str, call: str, defaults: tuple[Any, ...],
+           kwdefaults: dict[str, Any]) -> Callable[..., Any]:
+    """A new wrapper of ``fn`` with the parts ``site``'s current binding needs."""
+    b = site._b
+    assert b is not None
+    timed = b.timed
     wanted = {
         "sampled_check": site.every > 1,
-        "nvtx_push": nv.enabled,
-        "nvtx_pop": nv.enabled,
-        "timer_start": rt.timer is not None,
-        "timer_stop": rt.timer is not None,
-        "memory": bool(site.memory),
+        "nvtx_push": b.nvtx,
+        "nvtx_pop": b.nvtx,
+        "timer_start": timed,
+        "timer_stop": timed,
+        "memory": b.memory,
     }
     key = (params, call, tuple(sorted(k for k, on in wanted.items() if on)))
     factory = _factories.get(key)
@@ -397,13 +510,37 @@ def _wrap_sync(fn: Callable[..., Any], site: Probe) -> Callable[..., Any]:
         exec(compile(source, f"<gpuprobe wrapper {fn.__qualname__}>", "exec"), globals(), namespace)
         factory = namespace["_gp_factory"]
         _factories[key] = factory
-    wrapper = factory(
-        fn, site, defaults, kwdefaults, nv.push, nv.pop, site.handle, rt.timer, site.device, rt.pending_target,
-        site._local, site.host, rt.value_queue, rt.drain, rt.cfg.buffer_size,
-    )
-    functools.update_wrapper(wrapper, fn)
-    wrapper.__gpuprobe__ = site  # type: ignore[attr-defined]
-    return wrapper  # type: ignore[no-any-return]
+    return factory(fn, site, defaults, kwdefaults, site._local, b.limit)  # type: ignore[no-any-return]
+
+
+def _wrap_sync(fn: Callable[..., Any], site: Probe) -> Callable[..., Any]:
+    params, call, defaults, kwdefaults = _signature_source(fn)
+    with _sites_lock:
+        wrapper = _build(fn, site, params, call, defaults, kwdefaults)
+        functools.update_wrapper(wrapper, fn)
+        wrapper.__gpuprobe__ = site  # type: ignore[attr-defined]
+        wrapper._gp_source = (fn, params, call, defaults, kwdefaults)  # type: ignore[attr-defined]
+        site._wrappers.append(weakref.ref(wrapper))
+    return wrapper
+
+
+def _regenerate(wrapper: Any, site: Probe) -> None:
+    """Turn ``wrapper`` into the variant the site's new binding needs, in place.
+
+    Why in place: the user holds the wrapper (it replaced their function at decoration), so it must
+    change itself. A function's code object can be replaced when the new code has the same free
+    variables; every variant has the same four cells, so their contents are moved over. A call
+    already running finishes through the site's current binding (a probe with no device clock gets a
+    stand-in that gives a started event back, never None).
+    """
+    fn, params, call, defaults, kwdefaults = wrapper._gp_source
+    fresh = _build(fn, site, params, call, defaults, kwdefaults)
+    if fresh.__code__.co_freevars != wrapper.__code__.co_freevars:  # pragma: no cover - fixed by _SYNC_BODY
+        site.rt.warn_once("rebind", f"gpuprobe: {site!r} keeps its previous settings (wrapper layout changed)")
+        return
+    for old_cell, new_cell in zip(wrapper.__closure__, fresh.__closure__ or ()):
+        old_cell.cell_contents = new_cell.cell_contents
+    wrapper.__code__ = fresh.__code__
 
 
 def _wrap_async(fn: Callable[..., Any], site: Probe) -> Callable[..., Any]:
@@ -411,10 +548,10 @@ def _wrap_async(fn: Callable[..., Any], site: Probe) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not _on or _is_compiling() or (site.every > 1 and site._skip()):
             return await fn(*args, **kwargs)
-        rt = site.rt
-        rid = rt.nvtx.start(site.handle) if rt.nvtx.enabled else None
-        timer = rt.timer
-        frame = (timer.start() if timer is not None else None, perf_counter_ns())
+        b = site._b
+        assert b is not None
+        rid = b.start_range(b.handle) if b.nvtx else None
+        t0 = perf_counter_ns()
         exc: BaseException | None = None
         try:
             return await fn(*args, **kwargs)
@@ -422,9 +559,10 @@ def _wrap_async(fn: Callable[..., Any], site: Probe) -> Callable[..., Any]:
             exc = e
             raise
         finally:
-            site._finish(frame, exc, nvtx_pop=False)
+            dt = perf_counter_ns() - t0
             if rid is not None:
-                rt.nvtx.end(rid)
+                b.end_range(rid)
+            site._finish(b, dt, exc)
 
     wrapper.__gpuprobe__ = site  # type: ignore[attr-defined]
     return wrapper
@@ -436,10 +574,10 @@ def _wrap_generator(fn: Callable[..., Any], site: Probe) -> Callable[..., Any]:
         # This body runs at the first next(): that is where the range starts.
         if not _on or _is_compiling() or (site.every > 1 and site._skip()):
             return (yield from fn(*args, **kwargs))
-        rt = site.rt
-        rid = rt.nvtx.start(site.handle) if rt.nvtx.enabled else None
-        timer = rt.timer
-        frame = (timer.start() if timer is not None else None, perf_counter_ns())
+        b = site._b
+        assert b is not None
+        rid = b.start_range(b.handle) if b.nvtx else None
+        t0 = perf_counter_ns()
         exc: BaseException | None = None
         try:
             return (yield from fn(*args, **kwargs))
@@ -449,9 +587,10 @@ def _wrap_generator(fn: Callable[..., Any], site: Probe) -> Callable[..., Any]:
             exc = e
             raise
         finally:
-            site._finish(frame, exc, nvtx_pop=False)
+            dt = perf_counter_ns() - t0
             if rid is not None:
-                rt.nvtx.end(rid)
+                b.end_range(rid)
+            site._finish(b, dt, exc)
 
     wrapper.__gpuprobe__ = site  # type: ignore[attr-defined]
     return wrapper
@@ -472,7 +611,8 @@ def probe(name: Any = None, /, *, kind: str = "user", attrs: Mapping[str, Any] |
 
     Args:
         name: the probe's name (a label value and the NVTX message). Defaults to the decorated
-            function's ``__qualname__``. Use names from code, never from data.
+            function's ``__qualname__``; a ``with`` block must be named. Use names from code, never
+            from data.
         kind: ``user`` (default), ``step``, ``layer``, ``logits_processor``, ...: the NVTX category
             and the ``kind`` label.
         attrs: extra labels, ``str`` to ``str/int/float/bool``; values past the per-label cap fold
@@ -484,7 +624,7 @@ def probe(name: Any = None, /, *, kind: str = "user", attrs: Mapping[str, Any] |
         The wrapped function (decorator forms) or a :class:`Probe` (``with`` forms).
 
     Raises:
-        ConfigError: a bad argument; the message names it.
+        ConfigError: a bad argument, or a ``with`` block without a name; the message names it.
 
     Example:
         >>> from gpuprobe import probe
@@ -497,12 +637,12 @@ def probe(name: Any = None, /, *, kind: str = "user", attrs: Mapping[str, Any] |
         ...     _ = sum(range(10))
     """
     if callable(name) and not isinstance(name, str):
-        if _DISABLED_AT_IMPORT:
+        if DISABLED_AT_IMPORT:
             return name
         return Probe(None, kind, attrs, every, memory)(name)
-    if _DISABLED_AT_IMPORT:
+    if DISABLED_AT_IMPORT:
         _check(name, kind, attrs, every)
-        return _DisabledProbe()
+        return _DisabledProbe(name is not None)
     if name is None:
         return Probe(None, kind, attrs, every, memory)
     # Why a cache: `with probe("x"):` in a loop would otherwise register the NVTX string and look up
@@ -525,19 +665,27 @@ _cache: dict[Any, Probe] = {}
 class _DisabledProbe:
     """What :func:`probe` returns with ``GPUPROBE_DISABLE=1``: the identity decorator, a no-op block."""
 
-    __slots__ = ()
+    __slots__ = ("_named",)
+
+    def __init__(self, named: bool) -> None:
+        self._named = named
 
     def __call__(self, fn: F) -> F:
         return fn
 
     def __enter__(self) -> _DisabledProbe:
+        if not self._named:
+            raise ConfigError(_NAMELESS)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         return None
 
     async def __aenter__(self) -> _DisabledProbe:
-        return self
+        return self.__enter__()
 
     async def __aexit__(self, *exc: Any) -> None:
         return None
+
+
+on_reconfigure(_rebind_all)

@@ -1,100 +1,30 @@
-"""Settings: one frozen :class:`Config`, read strictly from ``GPUPROBE_*`` variables and arguments.
+"""Settings, declared once: each field of :class:`Config` names its environment variable, parser,
+default and meaning, and everything else — reading ``GPUPROBE_*`` variables, validating the keywords
+of :func:`gpuprobe.configure`, the settings table in ``docs/quickstart.md`` — is derived from it.
 
-Every setting has an environment variable and a keyword of :func:`gpuprobe.configure`. A bad value
-raises :class:`~gpuprobe.errors.ConfigError` naming the variable (or keyword) and the value.
-
-| variable | keyword | default | meaning |
-|---|---|---|---|
-| GPUPROBE_DISABLE | (none) | 0 | 1: ``@probe`` returns the function itself (read at import) |
-| GPUPROBE_MEMORY | memory | 0 | memory readings at the end of every probe |
-| GPUPROBE_DEVICE_TIMING | device_timing | auto | auto, cuda or off |
-| GPUPROBE_PROMETHEUS_PORT | prometheus_port | (none) | serve /metrics on this port at first use |
-| GPUPROBE_PROMETHEUS_ADDR | prometheus_addr | 127.0.0.1 | address the /metrics server binds |
-| GPUPROBE_OTLP_ENDPOINT | otlp_endpoint | (none) | push OTLP/HTTP metrics to this URL |
-| GPUPROBE_OTLP_INTERVAL | otlp_interval | 5 | seconds between pushes |
-| GPUPROBE_OTLP_TIMEOUT | otlp_timeout | 2 | seconds one push may take |
-| GPUPROBE_JSONL | jsonl | (none) | write every observation to this JSON-lines file |
-| GPUPROBE_MAX_LABEL_VALUES | max_label_values | 100 | distinct values per label before folding into ``other`` |
-| GPUPROBE_BUFFER_SIZE | buffer_size | 4096 | records a thread buffers before it aggregates them itself |
-| GPUPROBE_COLLECT_INTERVAL | collect_interval | 0.5 | seconds between background collections |
-| GPUPROBE_SNAPSHOT_AT_STEP | snapshot_at_step | (none) | dump a CUDA memory snapshot at this step |
-| GPUPROBE_SNAPSHOT_ON_OOM | snapshot_on_oom | 0 | dump a snapshot on ``torch.cuda.OutOfMemoryError`` in a probe |
-| GPUPROBE_SNAPSHOT_DIR | snapshot_dir | . | where triggered snapshots go |
-| GPUPROBE_PORT_BY_LOCAL_RANK | port_by_local_rank | 1 | add LOCAL_RANK to the Prometheus port |
-| GPUPROBE_PROFILE_STEPS | profile_steps | (none) | capture steps A-B with torch.profiler |
-| GPUPROBE_PROFILE_OUTPUT | profile_output | auto | the trace file of that window (.json or .json.gz) |
-| GPUPROBE_PROFILE_NSYS | profile_nsys | 0 | also bracket the window with cudaProfilerStart/Stop |
-| GPUPROBE_KERNEL_SAMPLING | kernel_sampling | 0 | profile one step in N for live kernel categories (0: off) |
+A bad value raises :class:`~gpuprobe.errors.ConfigError` naming the variable (or keyword) and the
+value. The table of every setting: :func:`settings_table` (``python -m gpuprobe.config``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["Config", "load", "current", "replace"]
+__all__ = ["Config", "Setting", "SETTINGS", "load", "replace", "parse_steps", "settings_table"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """All gpuprobe settings, validated. Build with :func:`load` or :func:`gpuprobe.configure`."""
-
-    disable: bool = False
-    memory: bool = False
-    device_timing: str = "auto"
-    prometheus_port: int | None = None
-    prometheus_addr: str = "127.0.0.1"
-    port_by_local_rank: bool = True
-    otlp_endpoint: str | None = None
-    otlp_interval: float = 5.0
-    otlp_timeout: float = 2.0
-    jsonl: str | None = None
-    max_label_values: int = 100
-    buffer_size: int = 4096
-    collect_interval: float = 0.5
-    snapshot_at_step: int | None = None
-    snapshot_on_oom: bool = False
-    snapshot_dir: str = "."
-    rank: int = 0
-    local_rank: int = 0
-    profile_steps: str | None = None
-    profile_output: str = "auto"
-    profile_nsys: bool = False
-    kernel_sampling: int = 0
+Parser = Callable[[str, Any], Any]
 
 
-_ENV = {
-    "disable": "GPUPROBE_DISABLE",
-    "memory": "GPUPROBE_MEMORY",
-    "device_timing": "GPUPROBE_DEVICE_TIMING",
-    "prometheus_port": "GPUPROBE_PROMETHEUS_PORT",
-    "prometheus_addr": "GPUPROBE_PROMETHEUS_ADDR",
-    "port_by_local_rank": "GPUPROBE_PORT_BY_LOCAL_RANK",
-    "otlp_endpoint": "GPUPROBE_OTLP_ENDPOINT",
-    "otlp_interval": "GPUPROBE_OTLP_INTERVAL",
-    "otlp_timeout": "GPUPROBE_OTLP_TIMEOUT",
-    "jsonl": "GPUPROBE_JSONL",
-    "max_label_values": "GPUPROBE_MAX_LABEL_VALUES",
-    "buffer_size": "GPUPROBE_BUFFER_SIZE",
-    "collect_interval": "GPUPROBE_COLLECT_INTERVAL",
-    "snapshot_at_step": "GPUPROBE_SNAPSHOT_AT_STEP",
-    "snapshot_on_oom": "GPUPROBE_SNAPSHOT_ON_OOM",
-    "snapshot_dir": "GPUPROBE_SNAPSHOT_DIR",
-    "profile_steps": "GPUPROBE_PROFILE_STEPS",
-    "profile_output": "GPUPROBE_PROFILE_OUTPUT",
-    "profile_nsys": "GPUPROBE_PROFILE_NSYS",
-    "kernel_sampling": "GPUPROBE_KERNEL_SAMPLING",
-    "rank": "RANK",
-    "local_rank": "LOCAL_RANK",
-}
-
+# -- parsers: (the name to show in an error, the raw value) -> the value ---------------------------
 
 def _bool(name: str, raw: Any) -> bool:
     if isinstance(raw, bool):
@@ -107,26 +37,31 @@ def _bool(name: str, raw: Any) -> bool:
     raise ConfigError(f"{name} must be one of 1/0/true/false/yes/no/on/off, got {raw!r}")
 
 
-def _int(name: str, raw: Any, *, low: int, high: int | None = None) -> int:
-    if isinstance(raw, bool):
-        raise ConfigError(f"{name} must be an integer, got {raw!r}")
-    try:
-        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
-    except ValueError:
-        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise ConfigError(f"{name} must be {bound}, got {raw!r}")
-    return value
+def _int(low: int, high: int | None = None) -> Parser:
+    def parse(name: str, raw: Any) -> int:
+        if isinstance(raw, bool) or isinstance(raw, float):
+            raise ConfigError(f"{name} must be an integer, got {raw!r}")
+        try:
+            value = raw if isinstance(raw, int) else int(str(raw).strip())
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f">= {low}"
+            raise ConfigError(f"{name} must be {bound}, got {raw!r}")
+        return value
+
+    return parse
 
 
-def _float(name: str, raw: Any, *, low: float) -> float:
+def _positive_float(name: str, raw: Any) -> float:
     try:
-        value = float(str(raw).strip()) if not isinstance(raw, (int, float)) or isinstance(raw, bool) else float(raw)
+        if isinstance(raw, bool):
+            raise ValueError
+        value = float(raw) if isinstance(raw, (int, float)) else float(str(raw).strip())
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-    if not value > low or value != value or value == float("inf"):
-        raise ConfigError(f"{name} must be a finite number > {low}, got {raw!r}")
+    if not value > 0 or value != value or value == float("inf"):
+        raise ConfigError(f"{name} must be a finite number > 0, got {raw!r}")
     return value
 
 
@@ -137,11 +72,14 @@ def _url(name: str, raw: Any) -> str:
     return text
 
 
-def _choice(name: str, raw: Any, choices: tuple[str, ...]) -> str:
-    text = str(raw).strip().lower()
-    if text not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
-    return text
+def _choice(*choices: str) -> Parser:
+    def parse(name: str, raw: Any) -> str:
+        text = str(raw).strip().lower()
+        if text not in choices:
+            raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+        return text
+
+    return parse
 
 
 def _nonempty(name: str, raw: Any) -> str:
@@ -151,44 +89,137 @@ def _nonempty(name: str, raw: Any) -> str:
     return text
 
 
-def _parse(field: str, name: str, raw: Any) -> Any:
-    if field == "profile_steps":
-        if raw is None:
-            return None
-        from .profiling import parse_steps  # noqa: PLC0415 - the parser lives with its feature
+def _trace_output(name: str, raw: Any) -> str:
+    text = _nonempty(name, raw)
+    if text not in ("auto", "none") and not (text.endswith(".json") or text.endswith(".json.gz")):
+        raise ConfigError(f"{name} must be 'auto', 'none' or a path ending in .json or .json.gz, got {raw!r}")
+    return text
 
-        first, last = parse_steps(raw, name)
-        return f"{first}-{last}"
-    if field == "kernel_sampling":
-        return _int(name, raw, low=0)
-    if field == "profile_output":
-        text = _nonempty(name, raw)
-        if text not in ("auto", "none") and not (text.endswith(".json") or text.endswith(".json.gz")):
-            raise ConfigError(f"{name} must be 'auto', 'none' or a path ending in .json or .json.gz, got {raw!r}")
-        return text
-    if field in ("disable", "memory", "snapshot_on_oom", "port_by_local_rank", "profile_nsys"):
-        return _bool(name, raw)
-    if field == "device_timing":
-        return _choice(name, raw, ("auto", "cuda", "off"))
-    if field == "prometheus_port":
-        return None if raw is None else _int(name, raw, low=0, high=65535)
-    if field in ("otlp_interval", "otlp_timeout", "collect_interval"):
-        return _float(name, raw, low=0.0)
-    if field == "otlp_endpoint":
-        return None if raw is None else _url(name, raw)
-    if field == "max_label_values":
-        return _int(name, raw, low=1, high=100_000)
-    if field == "buffer_size":
-        return _int(name, raw, low=16, high=10_000_000)
-    if field == "snapshot_at_step":
-        return None if raw is None else _int(name, raw, low=0)
-    if field in ("rank", "local_rank"):
-        return _int(name, raw, low=0)
-    if field in ("jsonl",):
-        return None if raw is None else _nonempty(name, raw)
-    if field in ("snapshot_dir", "prometheus_addr"):
-        return _nonempty(name, raw)
-    raise ConfigError(f"unknown gpuprobe setting {field!r}")  # pragma: no cover - guarded by callers
+
+_STEPS = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
+
+
+def parse_steps(text: Any, setting: str = "steps") -> tuple[int, int]:
+    """``"100-150"`` → ``(100, 150)``; ``"7"`` → ``(7, 7)``. Bounds are inclusive.
+
+    Raises:
+        ConfigError: not ``A`` or ``A-B`` with ``A <= B``; the message names ``setting``.
+
+    Example:
+        >>> parse_steps("100-150")
+        (100, 150)
+    """
+    m = _STEPS.match(str(text))
+    if not m:
+        raise ConfigError(f"{setting} must look like 'A-B' (steps A to B, inclusive) or 'A', got {text!r}")
+    first = int(m.group(1))
+    last = int(m.group(2)) if m.group(2) is not None else first
+    if last < first:
+        raise ConfigError(f"{setting} must have A <= B in 'A-B', got {text!r}")
+    return first, last
+
+
+def _steps(name: str, raw: Any) -> str:
+    first, last = parse_steps(raw, name)
+    return f"{first}-{last}"
+
+
+# -- the declaration -------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """How one setting is read: its variable, parser, meaning; ``optional`` settings accept None."""
+
+    env: str
+    parse: Parser
+    doc: str
+    optional: bool = False
+    shown_default: str | None = None  # how the docs show the default, when ``repr`` would not do
+
+
+def _setting(env: str, parse: Parser, default: Any, doc: str, *, optional: bool = False,
+             shown_default: str | None = None) -> Any:
+    return dataclasses.field(default=default, metadata={"setting": Setting(env, parse, doc, optional, shown_default)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """All gpuprobe settings, validated. Build with :func:`load` or :func:`gpuprobe.configure`.
+
+    Example:
+        >>> Config().memory
+        False
+    """
+
+    disable: bool = _setting(
+        "GPUPROBE_DISABLE", _bool, False,
+        "1 at import: `@probe` hands back the function itself; `configure(disable=)` switches probes at run time")
+    memory: bool = _setting("GPUPROBE_MEMORY", _bool, False, "memory readings at the end of every probe")
+    memory_peak_reset: bool = _setting(
+        "GPUPROBE_MEMORY_PEAK_RESET", _bool, False,
+        "reset the CUDA allocator's peak after each reading, so `gpuprobe.memory.peak` is the peak since the "
+        "previous reading (per step or call) instead of the process's lifetime peak; this also resets what "
+        "`torch.cuda.max_memory_allocated` returns to your code")
+    device_timing: str = _setting(
+        "GPUPROBE_DEVICE_TIMING", _choice("auto", "cuda", "off"), "auto",
+        "device spans from CUDA events: auto (when torch with CUDA is imported before the first probe), cuda, off")
+    prometheus_port: int | None = _setting(
+        "GPUPROBE_PROMETHEUS_PORT", _int(0, 65535), None, "serve /metrics on this port at first use",
+        optional=True)
+    prometheus_addr: str = _setting("GPUPROBE_PROMETHEUS_ADDR", _nonempty, "127.0.0.1",
+                                    "address the /metrics server binds")
+    port_by_local_rank: bool = _setting("GPUPROBE_PORT_BY_LOCAL_RANK", _bool, True,
+                                        "add LOCAL_RANK to the Prometheus port (one port per local rank)")
+    otlp_endpoint: str | None = _setting("GPUPROBE_OTLP_ENDPOINT", _url, None,
+                                         "push OTLP/HTTP metrics to this URL", optional=True)
+    otlp_interval: float = _setting("GPUPROBE_OTLP_INTERVAL", _positive_float, 5.0, "seconds between OTLP pushes")
+    otlp_timeout: float = _setting("GPUPROBE_OTLP_TIMEOUT", _positive_float, 2.0, "seconds one OTLP push may take")
+    jsonl: str | None = _setting("GPUPROBE_JSONL", _nonempty, None,
+                                 "write every observation to this JSON-lines file", optional=True)
+    max_label_values: int = _setting("GPUPROBE_MAX_LABEL_VALUES", _int(1, 100_000), 100,
+                                     "distinct values per label before new ones fold into `other`")
+    buffer_size: int = _setting("GPUPROBE_BUFFER_SIZE", _int(16, 10_000_000), 4096,
+                                "records a thread buffers before it aggregates them itself")
+    collect_interval: float = _setting("GPUPROBE_COLLECT_INTERVAL", _positive_float, 0.5,
+                                       "seconds between background collections")
+    snapshot_at_step: int | None = _setting("GPUPROBE_SNAPSHOT_AT_STEP", _int(0), None,
+                                            "dump a CUDA memory snapshot at this step", optional=True)
+    snapshot_on_oom: bool = _setting("GPUPROBE_SNAPSHOT_ON_OOM", _bool, False,
+                                     "dump a CUDA memory snapshot at every out-of-memory error")
+    snapshot_dir: str = _setting("GPUPROBE_SNAPSHOT_DIR", _nonempty, ".", "where triggered snapshots go")
+    snapshot_stacks: str = _setting(
+        "GPUPROBE_SNAPSHOT_STACKS", _choice("python", "all", "none"), "python",
+        "allocation stacks in triggered snapshots: python (cheap), all (C++ too, slow), none")
+    rank: int = _setting("RANK", _int(0), 0, "this process's rank (the `gpuprobe.rank` label)")
+    local_rank: int = _setting("LOCAL_RANK", _int(0), 0, "this process's rank on its machine")
+    profile_steps: str | None = _setting("GPUPROBE_PROFILE_STEPS", _steps, None,
+                                         "capture steps A-B (see `gpuprobe.profile`)", optional=True)
+    profile_output: str = _setting(
+        "GPUPROBE_PROFILE_OUTPUT", _trace_output, "auto",
+        "the torch.profiler trace of that window (.json or .json.gz); auto: a file per rank, or none when "
+        "`profile_nsys` is on; none: no torch.profiler trace")
+    profile_nsys: bool = _setting("GPUPROBE_PROFILE_NSYS", _bool, False,
+                                  "bracket the window with cudaProfilerStart/Stop for nsys")
+    kernel_sampling: int = _setting("GPUPROBE_KERNEL_SAMPLING", _int(0), 0,
+                                    "profile one step in N for live kernel categories (0: off)")
+
+
+def _settings() -> dict[str, Setting]:
+    return {f.name: f.metadata["setting"] for f in dataclasses.fields(Config)}
+
+
+SETTINGS: dict[str, Setting] = _settings()
+"""Every setting by keyword."""
+
+# An empty variable means "not set", except for switches, where it means off.
+_EMPTY_IS_VALUE = {name for name, s in SETTINGS.items() if s.parse is _bool}
+
+
+def _parse(key: str, shown: str, raw: Any) -> Any:
+    setting = SETTINGS[key]
+    if raw is None and setting.optional:
+        return None
+    return setting.parse(shown, raw)
 
 
 def load(environ: Mapping[str, str] | None = None) -> Config:
@@ -196,9 +227,6 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
 
     Args:
         environ: the variables to read; ``os.environ`` when None.
-
-    Returns:
-        The validated settings.
 
     Raises:
         ConfigError: a variable has a bad value; the message names it.
@@ -209,11 +237,11 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
     """
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    for field, var in _ENV.items():
-        raw = env.get(var)
-        if raw is None or (raw == "" and field not in ("disable", "memory", "snapshot_on_oom")):
+    for key, setting in SETTINGS.items():
+        raw = env.get(setting.env)
+        if raw is None or (raw == "" and key not in _EMPTY_IS_VALUE):
             continue
-        values[field] = _parse(field, var, raw)
+        values[key] = _parse(key, setting.env, raw)
     return Config(**values)
 
 
@@ -222,29 +250,36 @@ def replace(base: Config, **changes: Any) -> Config:
 
     Raises:
         ConfigError: an unknown keyword or a bad value; the message names the keyword.
+
+    Example:
+        >>> replace(Config(), buffer_size="64").buffer_size
+        64
     """
-    fields = {f.name for f in dataclasses.fields(Config)}
     parsed: dict[str, Any] = {}
     for key, raw in changes.items():
-        if key not in fields:
-            raise ConfigError(f"unknown gpuprobe setting {key!r}; known: {', '.join(sorted(fields))}")
-        parsed[key] = raw if raw is None and key in _OPTIONAL else _parse(key, key, raw)
+        if key not in SETTINGS:
+            raise ConfigError(f"unknown gpuprobe setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
+        parsed[key] = _parse(key, key, raw)
     return dataclasses.replace(base, **parsed)
 
 
-_OPTIONAL = {"prometheus_port", "otlp_endpoint", "jsonl", "snapshot_at_step", "profile_steps"}
+def settings_table() -> str:
+    """The Markdown table of every setting (``docs/quickstart.md`` holds a copy a test keeps current).
 
-_current: Config | None = None
+    Example:
+        >>> settings_table().splitlines()[0]
+        '| variable | keyword | default | meaning |'
+    """
+    lines = ["| variable | keyword | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(Config):
+        s: Setting = f.metadata["setting"]
+        default = s.shown_default
+        if default is None:
+            value: Any = f.default
+            default = "none" if value is None else ("1" if value is True else "0" if value is False else str(value))
+        lines.append(f"| `{s.env}` | `{f.name}` | {default} | {s.doc} |")
+    return "\n".join(lines)
 
 
-def current() -> Config:
-    """The settings in force (read from the environment the first time)."""
-    global _current
-    if _current is None:
-        _current = load()
-    return _current
-
-
-def _set(cfg: Config) -> None:
-    global _current
-    _current = cfg
+if __name__ == "__main__":
+    print(settings_table())

@@ -16,42 +16,24 @@ Steps are counted by the transformers integration (one per generation step) or b
 
 from __future__ import annotations
 
+import enum
 import functools
 import os
-import re
-import sys
 import queue
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from . import memory
-from .collector import Runtime, runtime
+from ._cuda import torch_with_cuda
+from ._files import atomic_write
+from ._lifecycle import Owner
+from .config import parse_steps
 from .errors import ConfigError, GpuprobeError
+from .runtime import Runtime, runtime
 
-__all__ = ["profile", "ProfileWindow", "KernelSampler", "parse_steps", "categorize_events"]
-
-_STEPS = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
-
-
-def parse_steps(text: str, setting: str = "steps") -> tuple[int, int]:
-    """``"100-150"`` → ``(100, 150)``; ``"7"`` → ``(7, 7)``. Bounds are inclusive.
-
-    Raises:
-        ConfigError: not ``A`` or ``A-B`` with ``A <= B``; the message names ``setting``.
-
-    Example:
-        >>> parse_steps("100-150")
-        (100, 150)
-    """
-    m = _STEPS.match(str(text))
-    if not m:
-        raise ConfigError(f"{setting} must look like 'A-B' (steps A to B, inclusive) or 'A', got {text!r}")
-    first = int(m.group(1))
-    last = int(m.group(2)) if m.group(2) is not None else first
-    if last < first:
-        raise ConfigError(f"{setting} must have A <= B in 'A-B', got {text!r}")
-    return first, last
+__all__ = ["profile", "ProfileWindow", "WindowState", "KernelSampler", "parse_steps", "categorize_events",
+           "warm_up_for_cuda_graphs"]
 
 
 def _torch() -> Any:
@@ -64,8 +46,27 @@ def _torch() -> Any:
     return torch
 
 
+class WindowState(str, enum.Enum):
+    """Where a :class:`ProfileWindow` is: ``WAITING`` → ``RECORDING`` → ``WRITING`` → ``DONE`` (or ``FAILED``).
+
+    A ``str`` enum: ``window.state == "done"`` reads as it should.
+    """
+
+    WAITING = "waiting"
+    RECORDING = "recording"
+    WRITING = "writing"
+    DONE = "done"
+    FAILED = "failed"
+
+
 class ProfileWindow:
-    """One capture of steps ``first``–``last``; made by :func:`profile`."""
+    """One capture of steps ``first``–``last``; made by :func:`profile`.
+
+    Its :meth:`on_step` hook runs at every step start: at ``first`` it starts ``torch.profiler``
+    (when ``output`` is set) and/or ``cudaProfilerStart`` (``nsys``); after ``last`` it stops them and
+    writes the trace atomically. A window still recording at exit (or at ``gpuprobe.testing.reset``)
+    is written then.
+    """
 
     def __init__(self, first: int, last: int, output: str | None, nsys: bool, record_shapes: bool,
                  with_stack: bool, rt: Runtime) -> None:
@@ -75,30 +76,37 @@ class ProfileWindow:
         self.record_shapes = record_shapes
         self.with_stack = with_stack
         self.path: Path | None = None
-        self.state = "waiting"  # waiting → recording → done | failed
+        self.state = WindowState.WAITING
         self.error: str | None = None
         self._prof: Any = None
         self._step_mark: Any = None
         self._rt = rt
         self._lock = threading.Lock()
 
-    def _hook(self, idx: int) -> None:
-        if self.state == "waiting" and idx >= self.first:
-            if idx > self.first:
-                self.first = idx  # started late (the window's first step had passed): say so
+    def owns(self, index: int) -> bool:
+        """Whether this window records step ``index`` (it starts there, or records and does not end there)."""
+        if self.state == WindowState.RECORDING:
+            return index <= self.last
+        return self.state == WindowState.WAITING and self.first <= index <= self.last
+
+    def on_step(self, index: int) -> None:
+        """Step hook: start at ``first``, mark each step, stop after ``last``."""
+        if self.state == WindowState.WAITING and index >= self.first:
+            if index > self.first:
+                self.first = index  # started late (the window's first step had passed): say so
             self._start()
-        elif self.state == "recording" and idx > self.last:
+        elif self.state == WindowState.RECORDING and index > self.last:
             self.stop()
             return
-        if self.state == "recording" and self._prof is not None:
-            self._mark_step(idx)
+        if self.state == WindowState.RECORDING and self._prof is not None:
+            self._mark_step(index)
 
-    def _mark_step(self, idx: int) -> None:
+    def _mark_step(self, index: int) -> None:
         # kineto does not see NVTX ranges: mark each step as a record_function range in the trace,
         # named "gpuprobe.step#N", which `gpuprobe report` finds as the per-step table.
         torch = _torch()
         self._end_step_mark()
-        mark = torch.profiler.record_function(f"gpuprobe.step#{idx}")
+        mark = torch.profiler.record_function(f"gpuprobe.step#{index}")
         mark.__enter__()
         self._step_mark = mark
 
@@ -110,27 +118,29 @@ class ProfileWindow:
     def _start(self) -> None:
         torch = _torch()
         try:
+            cuda = torch_with_cuda() is not None
+            if self.nsys and not cuda:
+                raise GpuprobeError("nsys=True brackets steps with cudaProfilerStart/Stop and needs CUDA")
             if self.output is not None:
                 activities = [torch.profiler.ProfilerActivity.CPU]
-                if torch.cuda.is_available():
+                if cuda:
                     activities.append(torch.profiler.ProfilerActivity.CUDA)
                 self._prof = torch.profiler.profile(activities=activities, record_shapes=self.record_shapes,
                                                     with_stack=self.with_stack)
                 self._prof.__enter__()
             if self.nsys:
-                if not torch.cuda.is_available():
-                    raise GpuprobeError("nsys=True brackets steps with cudaProfilerStart/Stop and needs CUDA")
                 torch.cuda.cudart().cudaProfilerStart()
-            self.state = "recording"
+            self.state = WindowState.RECORDING
         except Exception as exc:
             self._fail(f"could not start: {exc}")
 
     def stop(self) -> Path | None:
         """End the window now (also done at step ``last + 1`` and at exit) and write the trace."""
         with self._lock:
-            if self.state != "recording":
+            if self.state != WindowState.RECORDING:
+                self._detach()
                 return self.path
-            self.state = "writing"
+            self.state = WindowState.WRITING
         torch = _torch()
         try:
             self._end_step_mark()
@@ -142,43 +152,45 @@ class ProfileWindow:
                 prof = self._prof
                 # torch gzips when the name ends in .gz, so the temporary file keeps the ending.
                 suffix = ".tmp.json.gz" if self.output.endswith(".gz") else ".tmp.json"
-                self.path = memory.atomic_write(self.output, prof.export_chrome_trace, suffix=suffix)
-            self.state = "done"
+                self.path = atomic_write(self.output, prof.export_chrome_trace, suffix=suffix)
+            self.state = WindowState.DONE
         except Exception as exc:
             self._fail(f"could not write the trace: {exc}")
         finally:
             self._prof = None
-            if self._hook in self._rt.step_hooks:
-                self._rt.step_hooks.remove(self._hook)
+            self._detach()
         return self.path
 
+    def _detach(self) -> None:
+        self._rt.remove_step_hook(self.on_step)
+        self._rt.remove(self)
+
     def _fail(self, why: str) -> None:
-        self.state = "failed"
+        self.state = WindowState.FAILED
         self.error = why
         self._rt.warn_once(f"profile:{id(self)}", f"gpuprobe: profile window {self.first}-{self.last}: {why}")
 
     def close(self) -> None:
-        """At exit: write a window still recording, so nothing asked for is lost."""
+        """At exit or reset: write a window still recording, so nothing asked for is lost."""
         self.stop()
 
-    def tick(self) -> None:
-        """Exporter protocol: nothing periodic."""
-
     def __repr__(self) -> str:
-        return f"<gpuprobe profile window steps {self.first}-{self.last} {self.state} {self.path or self.output}>"
+        return f"<gpuprobe profile window steps {self.first}-{self.last} {self.state.value} {self.path or self.output}>"
 
 
 def profile(steps: str | tuple[int, int], *, output: str | os.PathLike[str] | None = "auto",
-            nsys: bool = False, record_shapes: bool = False, with_stack: bool = False) -> ProfileWindow:
+            nsys: bool = False, record_shapes: bool = False, with_stack: bool = False,
+            runtime_: Runtime | None = None, owner: Owner = "user") -> ProfileWindow:
     """Capture generation steps A–B with ``torch.profiler`` and/or for Nsight Systems.
 
     Args:
         steps: ``"A-B"`` (inclusive), ``"A"``, or ``(A, B)``; step indexes count from 0.
-        output: the kineto trace file (``.json`` or ``.json.gz``), ``"auto"`` for
-            ``gpuprobe-steps-A-B-rank<R>.json.gz`` in the current folder, or None for no torch.profiler
-            trace (with ``nsys=True``: only the cudaProfilerStart/Stop bracket).
+        output: the kineto trace file (``.json`` or ``.json.gz``); ``"auto"`` for
+            ``gpuprobe-steps-A-B-rank<R>.json.gz`` in the current folder — or, with ``nsys=True``, for
+            no torch.profiler trace at all, since nsys and torch.profiler would be two CUPTI clients at
+            once; None for no torch.profiler trace. Pass a path with ``nsys=True`` to ask for both.
         nsys: call ``cudaProfilerStart`` at step A and ``cudaProfilerStop`` after step B, for
-            ``nsys profile --capture-range=cudaProfilerApi``.
+            ``nsys profile --capture-range=cudaProfilerApi``. Kernel sampling pauses meanwhile.
         record_shapes: record input shapes (bigger trace).
         with_stack: record Python stacks (much bigger trace).
 
@@ -195,20 +207,28 @@ def profile(steps: str | tuple[int, int], *, output: str | os.PathLike[str] | No
     first, last = steps if isinstance(steps, tuple) else parse_steps(steps)
     if first < 0 or last < first:
         raise ConfigError(f"steps must satisfy 0 <= A <= B, got {steps!r}")
-    if output is None and not nsys:
-        raise ConfigError("profile() needs output= (a trace file) or nsys=True, or both")
-    rt = runtime()
+    rt = runtime_ or runtime()
     out: str | None
     if output == "auto":
-        out = f"gpuprobe-steps-{first}-{last}-rank{rt.cfg.rank}.json.gz"
+        out = None if nsys else f"gpuprobe-steps-{first}-{last}-rank{rt.settings.rank}.json.gz"
     else:
         out = None if output is None else os.fspath(output)
+    if out is None and not nsys:
+        raise ConfigError("profile() needs output= (a trace file) or nsys=True, or both")
     if out is not None and not (out.endswith(".json") or out.endswith(".json.gz")):
         raise ConfigError(f"profile output must end in .json or .json.gz, got {out!r}")
     window = ProfileWindow(first, last, out, nsys, record_shapes, with_stack, rt)
-    rt.step_hooks.append(window._hook)
-    rt.exporters.append(window)  # closed (trace written) at exit if still recording
+    rt.add_step_hook(window.on_step)
+    rt.add_closeable(window, owner=owner)  # written at exit if still recording
     return window
+
+
+def start_window_from_settings(rt: Runtime) -> ProfileWindow:
+    """The window ``profile_steps`` / ``profile_output`` / ``profile_nsys`` ask for."""
+    cfg = rt.settings
+    assert cfg.profile_steps is not None
+    output = None if cfg.profile_output == "none" else cfg.profile_output
+    return profile(cfg.profile_steps, output=output, nsys=cfg.profile_nsys, runtime_=rt, owner="settings")
 
 
 _GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "_int_mm"}
@@ -232,7 +252,7 @@ _METADATA_NAMES = frozenset("aten::" + op for op in _METADATA_OPS)
 
 @functools.lru_cache(maxsize=4096)
 def _cpu_op_category(name: str) -> str:
-    from .report._names import categorize_kernel
+    from ._kernel_names import categorize_kernel
 
     short = name.split("::", 1)[-1]
     if short in _GEMM_OPS:
@@ -254,7 +274,7 @@ def categorize_events(events: list[tuple[str, int]], *, cpu_ops: bool = False) -
         >>> categorize_events([("ampere_sgemm_128x64_nn", 5000), ("void at::native::vectorized_elementwise_kernel<4>()", 700)])
         {'gemm': (5000, 1), 'elementwise': (700, 1)}
     """
-    from .report._names import categorize_kernel
+    from ._kernel_names import categorize_kernel
 
     # Why sum by name first: a step repeats a few dozen names hundreds of times; one dict update per
     # event, then one category lookup per distinct name.
@@ -278,10 +298,15 @@ def categorize_events(events: list[tuple[str, int]], *, cpu_ops: bool = False) -
 class KernelSampler:
     """Profile one step in every ``every`` and export kernel time and launches by category.
 
-    With CUDA the sampled step is recorded by ``torch.profiler`` with only the CUDA activity
-    (kernels, memcpy, memset); without CUDA its ATen operators stand in for kernels. A step whose
-    thread already has a profiler running (a profile window, your own ``torch.profiler``) is not
-    sampled; it is counted in ``gpuprobe.telemetry.dropped{reason="kernel_sampling_busy"}``.
+    With CUDA the sampled step is recorded by ``torch.profiler`` with only the CUDA activity, and only
+    kernels, copies and sets count (not GPU-side annotations or synchronization records); without CUDA
+    its ATen operators stand in for kernels. A sample starts at a step start and ends at the next step
+    start *on the same thread* (or when that thread's ``generate()`` call ends): profilers are started
+    and stopped by one thread. A step whose thread already runs a profiler (a profile window, your own
+    ``torch.profiler``) or that an nsys bracket covers is not sampled; it is counted in
+    ``gpuprobe.telemetry.dropped{reason="kernel_sampling_busy"}``. Before the first sample on CUDA,
+    the profiler is warmed up for CUDA graphs (``torch.profiler._utils._init_for_cuda_graphs``), as
+    PyTorch documents for graphs captured before profiling.
 
     Args:
         every: sampling period in steps (``kernel_sampling=N``); the first sampled step is ``every``.
@@ -296,39 +321,62 @@ class KernelSampler:
         self.every = every
         self.samples = 0
         self._recorder: _Recorder | None = None
-        self._recording = False
+        self._owner: int | None = None  # the thread recording a sample, if one is
         self._rt: Runtime | None = None
         self._worker: threading.Thread | None = None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
 
-    def attach(self, rt: Runtime | None = None) -> KernelSampler:
-        """Start sampling on ``rt``'s step counter."""
+    def attach(self, rt: Runtime | None = None, *, owner: Owner = "user") -> KernelSampler:
+        """Start sampling on ``rt``'s step clock."""
         self._rt = rt or runtime()
+        torch = torch_with_cuda()
+        if torch is not None:
+            # CUDA graphs must be captured after the profiler's warm-up for their replays to be
+            # profiled: warm up before the first capture (or now, if CUDA is already up).
+            self._rt.capture.add_before_capture(warm_up_for_cuda_graphs)
+            if torch.cuda.is_initialized():
+                warm_up_for_cuda_graphs()
         # First in line, so that a sample is finished before a profile window's hook starts one.
-        self._rt.step_hooks.insert(0, self._hook)
+        self._rt.add_step_hook(self.on_step, first=True)
+        self._rt.add_steps_done_hook(self.on_steps_done)
+        self._rt.add_closeable(self, owner=owner)
         return self
 
     def detach(self) -> None:
-        """Stop sampling (a step being profiled is finished and exported first)."""
-        if self._recording:
+        """Stop sampling (a step being profiled on this thread is finished and exported first)."""
+        if self._owner == threading.get_ident():
             self._finish()
         self.wait()
         if self._worker is not None:
             self._queue.put(None)  # the worker ends once the queue is read
             self._worker = None
-        if self._rt is not None and self._hook in self._rt.step_hooks:
-            self._rt.step_hooks.remove(self._hook)
+        if self._rt is not None:
+            self._rt.capture.remove_before_capture(warm_up_for_cuda_graphs)
+            self._rt.remove_step_hook(self.on_step)
+            self._rt.remove_steps_done_hook(self.on_steps_done)
+            self._rt.remove(self)
 
-    def _hook(self, idx: int) -> None:
-        if self._recording:
+    close = detach
+
+    def on_steps_done(self) -> None:
+        """The calling thread's generation ended: end its sample, if it records one."""
+        if self._owner == threading.get_ident():
             self._finish()
-        if idx > 0 and idx % self.every == 0:
+
+    def on_step(self, index: int) -> None:
+        """Step hook: end this thread's sample; start one every ``every`` steps."""
+        me = threading.get_ident()
+        if self._owner is not None:
+            if self._owner != me:
+                return  # another thread's sample runs: only it may stop it
+            self._finish()
+        if index > 0 and index % self.every == 0:
             rt = self._rt or runtime()
             if self._recorder is None:
                 self._recorder = _recorder()  # decided once: the CUDA check and API lookups are not free
-            if self._recorder.busy() or _window_owns(rt, idx):
+            if self._recorder.busy() or _window_owns(rt, index):
                 rt.drop("kernel_sampling_busy")  # another profiler owns this step: never disturb it
                 return
             try:
@@ -336,10 +384,10 @@ class KernelSampler:
             except Exception as exc:
                 rt.warn_once("kernel_sampling", f"gpuprobe: kernel sampling failed to start: {exc!r}")
                 return
-            self._recording = True
+            self._owner = me
 
     def _finish(self) -> None:
-        self._recording = False
+        self._owner = None
         rt = self._rt or runtime()
         assert self._recorder is not None
         try:
@@ -387,12 +435,11 @@ class KernelSampler:
         return self._idle.wait(timeout)
 
 
-def _window_owns(rt: Runtime, idx: int) -> bool:
-    """True when a profile window records step ``idx`` (it is starting now or already recording)."""
-    for hook in rt.step_hooks:
+def _window_owns(rt: Runtime, index: int) -> bool:
+    """True when a profile window (torch.profiler or an nsys bracket) records step ``index``."""
+    for hook in rt.steps.hooks:
         window = getattr(hook, "__self__", None)
-        if isinstance(window, ProfileWindow) and (
-                window.state == "recording" or (window.state == "waiting" and window.first <= idx)):
+        if isinstance(window, ProfileWindow) and window.owns(index):
             return True
     return False
 
@@ -432,6 +479,8 @@ class _KinetoRecorder(_Recorder):
         self._activities = [act.CUDA] if cuda else [act.CPU]
 
     def start(self) -> None:
+        if self.cuda:
+            warm_up_for_cuda_graphs()
         self._prof = self._torch.profiler.profile(activities=self._activities)
         self._prof.__enter__()
 
@@ -446,8 +495,8 @@ class _KinetoRecorder(_Recorder):
         # one tiny-model step); the raw results take ~2 ms.
         events = raw.profiler.kineto_results.events()
         if self.cuda:
-            cuda = self._torch.autograd.DeviceType.CUDA
-            return [(e.name(), e.duration_ns()) for e in events if e.device_type() == cuda]
+            # device_type() == CUDA also admits GPU-side annotations and synchronization records.
+            return [(e.name(), e.duration_ns()) for e in events if e.activity_type() in _DEVICE_WORK]
         return _cpu_self_times([(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id()) for e in events])
 
 
@@ -480,9 +529,33 @@ class _CpuLegacyRecorder(_Recorder):
         return _legacy_self_times(raw)
 
 
+_DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+_warmed_up = False
+_warm_up_lock = threading.Lock()
+
+
+def warm_up_for_cuda_graphs() -> None:
+    """Initialize the profiler for CUDA graphs once per process (``torch.profiler._utils._init_for_cuda_graphs``).
+
+    Graphs captured before the profiler's first use do not show their kernels when replayed inside a
+    profile (PyTorch issues #75504, #100441); graphs captured after this warm-up do. Run before the
+    first capture once kernel sampling is on, and before the first sample; never before the program has
+    initialized CUDA.
+    """
+    global _warmed_up
+    if _warmed_up:
+        return
+    with _warm_up_lock:
+        if _warmed_up:
+            return
+        _warmed_up = True
+        _torch().profiler._utils._init_for_cuda_graphs()
+
+
 def _recorder() -> _Recorder:
     torch = _torch()
-    if torch.cuda.is_available():
+    if torch_with_cuda() is not None:
         return _KinetoRecorder(torch, cuda=True)
     autograd = torch._C._autograd
     if hasattr(autograd, "_enable_profiler_legacy") and hasattr(torch._C._profiler.ProfilerState, "CPU"):

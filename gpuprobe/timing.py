@@ -1,110 +1,86 @@
-"""Timing: the host clock always; device time from pooled CUDA events, resolved lazily.
+"""Timing: the host clock always; device spans from pooled CUDA events, read lazily, never waited for.
 
-The device side is one small interface, :class:`DeviceTimer`: ``start()`` and ``stop()`` record
-events on the current stream and hand back an opaque token; ``poll()`` turns a finished token into
-nanoseconds and returns ``None`` while the GPU has not reached it yet. ``poll`` never waits: it asks
-``event.query()`` and only calls ``elapsed_time`` on events that are done. Nothing on the hot path
-calls ``synchronize()``.
+:class:`DeviceClock` is the device side: ``start()`` records an event on the stream where the work
+runs and hands back a token; ``stop(token)`` records the end event on the same device; ``poll()``
+turns a finished pair into nanoseconds and returns ``None`` while the GPU has not reached it. Nothing
+here calls ``synchronize()``; ``poll`` asks ``event.query()`` and calls ``elapsed_time`` only on
+events that are done.
 
-:class:`EventTimer` holds the logic for any event type with ``record()``, ``query()`` and
-``elapsed_time(other)`` (milliseconds), so it runs on CPU in tests with a stand-in for
-``torch.cuda.Event`` and on GPUs with the real one.
+What a device span is: the time the device took from reaching the start event to reaching the end
+event on that stream — the work queued on the stream between the two, plus any time the stream sat
+idle or waited in between. It is not the GPU's busy time: work of other threads or streams running
+at the same time is not subtracted (see ``docs/gpu.md``).
+
+Rules the clock keeps (each from CUDA's semantics, see ``docs/gpu.md``):
+
+- an event binds to the device of its first record, so there is one pool of events per device;
+- the device is where the work runs: the caller names it (the transformers integration passes the
+  device of the step's inputs or of a layer's parameters); a plain probe uses the current device of
+  the calling thread at the time of the call;
+- nothing initializes CUDA: until the program has initialized CUDA itself there is no GPU work to
+  time, and ``start()`` returns ``None``;
+- no device timing while a CUDA graph capture is underway (an event recorded into a capture can never
+  be read), and events are read only when no capture is underway anywhere (:mod:`gpuprobe._capture`);
+- ``start``/``stop`` never raise into user code: a failure is counted in
+  ``gpuprobe.telemetry.dropped`` and warned about once.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable
 from time import perf_counter_ns
-from typing import Any, Protocol
+from typing import Any
 
-__all__ = ["DeviceTimer", "EventTimer", "pick_device_timer", "perf_counter_ns"]
+from ._capture import CaptureGuard
+from ._cuda import torch_with_cuda
 
+__all__ = ["DeviceClock", "EventPool", "perf_counter_ns"]
 
-class DeviceTimer(Protocol):
-    """Measures device time between two points of the host program without blocking it."""
-
-    name: str
-
-    def start(self) -> Any | None:
-        """Record a start marker; ``None`` when no marker could be had (the pool is exhausted)."""
-
-    def stop(self, start: Any) -> Any:
-        """Record the end marker for ``start``; returns a pending token for :meth:`poll`."""
-
-    def poll(self, pending: Any) -> int | None:
-        """Nanoseconds between the two markers, or ``None`` if the device has not finished them."""
-
-    def discard(self, pending: Any) -> None:
-        """Give the markers of a pending token back without reading them."""
+Problem = Callable[[str, "BaseException | None"], None]
 
 
-class EventTimer:
-    """A :class:`DeviceTimer` over a bounded pool of events.
+class EventPool:
+    """A bounded pool of timing events of one device.
 
     Args:
-        make_event: creates one timing event (``torch.cuda.Event(enable_timing=True)`` on CUDA).
-        max_events: the pool's bound. When every event is in flight, ``start`` returns ``None`` and
-            counts a drop instead of blocking or growing.
-        name: what :func:`gpuprobe.info` shows.
+        device: the device index every event of this pool is (or will be) bound to.
+        make_event: creates one timing event (``torch.cuda.Event(enable_timing=True)``).
+        max_events: the bound; when every event is in flight, :meth:`acquire` returns ``None``.
 
     Example:
-        >>> import torch  # doctest: +SKIP
-        >>> timer = EventTimer(lambda: torch.cuda.Event(enable_timing=True))  # doctest: +SKIP
+        >>> class E:
+        ...     def record(self, stream=None): pass
+        >>> pool = EventPool(0, E, max_events=1)
+        >>> first = pool.acquire(); pool.acquire() is None
+        True
     """
 
-    def __init__(self, make_event: Callable[[], Any], max_events: int = 4096, name: str = "cuda-events") -> None:
-        self.name = name
+    __slots__ = ("device", "_make", "_free", "_created", "_max", "_lock")
+
+    def __init__(self, device: int, make_event: Callable[[], Any], max_events: int = 4096) -> None:
+        self.device = device
         self._make = make_event
         self._free: list[Any] = []
         self._created = 0
         self._max = max_events
         self._lock = threading.Lock()
-        self.dropped = 0
 
-    def _acquire(self) -> Any | None:
+    def acquire(self) -> Any | None:
+        """A free event, a new one while under the bound, else ``None``."""
         try:
             return self._free.pop()  # list.pop is atomic under the GIL
         except IndexError:
             pass
         with self._lock:
             if self._created >= self._max:
-                self.dropped += 1
                 return None
             self._created += 1
         return self._make()
 
-    def start(self) -> Any | None:
-        ev = self._acquire()
-        if ev is not None:
-            ev.record()
-        return ev
-
-    def stop(self, start: Any) -> Any:
-        if start is None:
-            return None
-        end = self._acquire()
-        if end is None:
-            self._free.append(start)
-            return None
-        end.record()
-        return (start, end)
-
-    def poll(self, pending: Any) -> int | None:
-        start, end = pending
-        # Events on one stream complete in order, so a finished end implies a finished start;
-        # querying both keeps this right when the two were recorded on different streams.
-        if not end.query() or not start.query():
-            return None
-        ns = round(start.elapsed_time(end) * 1e6)
-        self._free.append(start)
-        self._free.append(end)
-        return ns
-
-    def discard(self, pending: Any) -> None:
-        if pending is not None:
-            self._free.extend(pending)
+    def release(self, *events: Any) -> None:
+        """Give events back."""
+        self._free.extend(events)
 
     @property
     def in_flight(self) -> int:
@@ -112,8 +88,143 @@ class EventTimer:
         return self._created - len(self._free)
 
 
-def pick_device_timer(mode: str) -> DeviceTimer | None:
-    """Choose the device timer once: CUDA events when torch is loaded and CUDA is usable.
+class DeviceClock:
+    """Device spans from CUDA events, one :class:`EventPool` per device (see the module docstring).
+
+    Args:
+        cuda: ``torch.cuda`` (or a simulation with the same attributes), read once here.
+        capture: the process's :class:`~gpuprobe._capture.CaptureGuard`.
+        on_problem: called with a reason (``event_pool_exhausted``, ``device_timing_failed``) and the
+            exception if there was one; counts and warns, never raises.
+        on_new_device: called with ``cuda:N`` the first time work is timed on device N.
+        max_events: the bound of each device's pool.
+    """
+
+    name = "cuda-events"
+
+    def __init__(self, cuda: Any, capture: CaptureGuard, on_problem: Problem,
+                 on_new_device: Callable[[str], None] | None = None, max_events: int = 4096) -> None:
+        self._capture = capture
+        self._on_problem = on_problem
+        self._on_new_device = on_new_device
+        self._max = max_events
+        self._pools: dict[int, EventPool] = {}
+        self._pools_lock = threading.Lock()
+        self._is_initialized = cuda.is_initialized
+        self._current_device = cuda.current_device
+        self._current_stream = cuda.current_stream
+        self._capturing = cuda.is_current_stream_capturing
+        event = cuda.Event
+        self._make_event = lambda: event(enable_timing=True)
+        # Why a flag: once CUDA is initialized it stays so (a forked child starts a new runtime), and
+        # is_initialized() is a Python call with a C call inside (~0.15 us) on every start.
+        self._cuda_ready = False
+        capture.install(cuda.CUDAGraph)
+
+    def _pool(self, device: int) -> EventPool:
+        pool = self._pools.get(device)
+        if pool is None:
+            with self._pools_lock:
+                pool = self._pools.get(device)
+                if pool is None:
+                    pool = self._pools[device] = EventPool(device, self._make_event, self._max)
+                    if self._on_new_device is not None:
+                        self._on_new_device(f"cuda:{device}")
+        return pool
+
+    def start(self, device: int | None = None) -> tuple[EventPool, Any] | None:
+        """Record a start event on ``device`` (default: the calling thread's current device).
+
+        Returns:
+            A token for :meth:`stop`, or ``None`` (CUDA not initialized yet, a capture underway, the
+            pool exhausted, or a failure; the last two are counted).
+        """
+        if not self._cuda_ready:
+            if not self._is_initialized():
+                return None
+            self._cuda_ready = True
+        if self._capture.underway:
+            return None
+        try:
+            if self._capturing():
+                return None
+            if device is None:
+                device = self._current_device()
+            pool = self._pools.get(device) or self._pool(device)
+            event = pool.acquire()
+            if event is None:
+                self._on_problem("event_pool_exhausted", None)
+                return None
+            try:
+                event.record(self._current_stream(device))
+            except BaseException:
+                pool.release(event)
+                raise
+            return (pool, event)
+        except Exception as exc:
+            self._on_problem("device_timing_failed", exc)
+            return None
+
+    def stop(self, token: tuple[EventPool, Any]) -> tuple[EventPool, Any, Any] | None:
+        """Record the end event on the start event's device; returns a pending token for :meth:`poll`."""
+        pool, start = token
+        try:
+            if self._capture.underway or self._capturing():
+                pool.release(start)  # recorded before the capture, never read: safe to reuse
+                return None
+            end = pool.acquire()
+            if end is None:
+                pool.release(start)
+                self._on_problem("event_pool_exhausted", None)
+                return None
+            try:
+                end.record(self._current_stream(pool.device))
+            except BaseException:
+                pool.release(end)
+                raise
+            return (pool, start, end)
+        except Exception as exc:
+            pool.release(start)
+            self._on_problem("device_timing_failed", exc)
+            return None
+
+    @staticmethod
+    def poll(pending: tuple[EventPool, Any, Any]) -> int | None:
+        """Nanoseconds between the two events, or ``None`` if the device has not reached both.
+
+        Call only under ``capture.lock`` with no capture underway (see :meth:`Runtime.drain`).
+        """
+        pool, start, end = pending
+        # Events on one stream complete in order, so a finished end implies a finished start;
+        # querying both keeps this right if the stream changed between the two.
+        if not end.query() or not start.query():
+            return None
+        ns = round(start.elapsed_time(end) * 1e6)
+        pool.release(start, end)
+        return ns
+
+    @staticmethod
+    def discard(pending: tuple[EventPool, Any, Any] | None) -> None:
+        """Give the events of a pending token back without reading them."""
+        if pending is not None:
+            pending[0].release(*pending[1:])
+
+    @property
+    def in_flight(self) -> int:
+        """Events handed out and not yet given back, over every device."""
+        return sum(p.in_flight for p in list(self._pools.values()))
+
+    @property
+    def devices(self) -> list[int]:
+        """The devices this clock has recorded on."""
+        return sorted(self._pools)
+
+
+def pick_device_clock(mode: str, capture: CaptureGuard, on_problem: Problem,
+                      on_new_device: Callable[[str], None] | None = None) -> DeviceClock | None:
+    """Choose device timing once: CUDA events when torch is loaded and a CUDA device is present.
+
+    Neither this nor anything the clock does before the program initializes CUDA initializes it.
 
     Args:
         mode: ``auto`` (CUDA if torch is already imported and a GPU is present), ``cuda`` (the same,
@@ -121,14 +232,10 @@ def pick_device_timer(mode: str) -> DeviceTimer | None:
     """
     if mode == "off":
         return None
-    torch = sys.modules.get("torch")
-    if torch is None and mode == "cuda":
-        import torch  # noqa: F811 - asked for explicitly
+    torch = torch_with_cuda(import_torch=mode == "cuda")  # never initializes CUDA nor poisons fork
     if torch is None:
         return None
     try:
-        if not torch.cuda.is_available():
-            return None
+        return DeviceClock(torch.cuda, capture, on_problem, on_new_device)
     except Exception:  # a broken CUDA install must not break the user's program
         return None
-    return EventTimer(lambda: torch.cuda.Event(enable_timing=True))

@@ -37,34 +37,3 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 12
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
                           text=True, timeout=timeout)
-
-
-
-class FakeCudaEvent:
-    """A stand-in for ``torch.cuda.Event`` (no CUDA device on CPU-only machines).
-
-    It records which calls the timer makes: ``elapsed_time`` on an event that has not completed
-    raises, as CUDA does, so a test fails if the timer ever reads an unfinished event, and there is
-    no ``synchronize`` method at all, so a blocking call fails loudly.
-    """
-
-    clock_ns = 0
-    made = 0
-
-    def __init__(self) -> None:
-        FakeCudaEvent.made += 1
-        self.recorded_at: int | None = None
-        self.done = False
-
-    def record(self) -> None:
-        self.recorded_at = FakeCudaEvent.clock_ns
-        self.done = False
-
-    def query(self) -> bool:
-        return self.done
-
-    def elapsed_time(self, end: "FakeCudaEvent") -> float:
-        if not (self.done and end.done):
-            raise RuntimeError("CUDA error: device not ready")
-        assert self.recorded_at is not None and end.recorded_at is not None
-        return (end.recorded_at - self.recorded_at) / 1e6  # milliseconds, like CUDA

@@ -9,6 +9,7 @@ import pytest
 
 import gpuprobe
 from gpuprobe import ConfigError, GpuprobeError, config, memory
+from gpuprobe._files import atomic_write
 
 from helpers import run_python
 
@@ -90,15 +91,15 @@ def test_atomic_write_leaves_nothing_half_written(tmp_path: Path) -> None:
         raise OSError("disk full")
 
     with pytest.raises(OSError):
-        memory.atomic_write(target, failing)
+        atomic_write(target, failing)
     assert target.read_bytes() == b"previous"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
-    memory.atomic_write(target, lambda tmp: Path(tmp).write_bytes(b"new"))
+    atomic_write(target, lambda tmp: Path(tmp).write_bytes(b"new"))
     assert target.read_bytes() == b"new"
 
 
 def test_cpu_memory_reading_is_process_rss() -> None:
-    allocated, reserved, peak = memory.read()
+    _, allocated, reserved, peak = memory.read()
     assert reserved is None
     with open("/proc/self/status") as f:
         rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
@@ -124,3 +125,24 @@ def test_cuda_snapshot_is_written_atomically(tmp_path: Path) -> None:
 
 def test_env_is_not_leaking_into_tests() -> None:
     assert not any(k.startswith("GPUPROBE_") for k in os.environ)
+
+
+def test_the_settings_table_in_the_docs_is_current() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "quickstart.md").read_text()
+    start = doc.index("<!-- settings table: generated, do not edit -->\n") + len("<!-- settings table: generated, do not edit -->\n")
+    end = doc.index("\n<!-- end settings table -->")
+    assert doc[start:end] == config.settings_table()
+
+
+def test_every_setting_has_a_variable_a_parser_and_a_meaning() -> None:
+    import dataclasses
+
+    fields = dataclasses.fields(config.Config)
+    assert {f.name for f in fields} == set(config.SETTINGS)
+    envs = [s.env for s in config.SETTINGS.values()]
+    assert len(envs) == len(set(envs))
+    for f in fields:
+        setting = config.SETTINGS[f.name]
+        assert setting.doc and setting.env
+        if f.default is not None:  # the default survives its own parser
+            assert setting.parse(setting.env, f.default) == f.default

@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 import gpuprobe
 from gpuprobe import probe
-from gpuprobe.collector import runtime
+from gpuprobe.runtime import runtime
 from gpuprobe.exporters.otlp import MeterProviderBridge, OtlpExporter
 
 
@@ -138,7 +138,7 @@ def test_failing_endpoint_never_raises_warns_once_and_counts(mode: str) -> None:
     dropped = {md.spec.name: md for md in gpuprobe.collect()}["gpuprobe.telemetry.dropped"]
     (pt,) = [p for p in dropped.points if p.labels["reason"] == "otlp_export_failed"]
     assert pt.value >= 2
-    exp._stop.set()
+    exp.stop()
     if recv:
         recv.close()
 
@@ -157,9 +157,7 @@ def test_slow_endpoint_never_blocks_the_hot_path() -> None:
         worst = max(worst, time.perf_counter() - t0)
     # A blocked push would stall a call for ~1 s (the timeout); scheduler noise stays far below that.
     assert worst < 0.2
-    exp._stop.set()
-    if exp._thread is not None:
-        exp._thread.join(5)  # let the stuck push time out here, not during a later test
+    exp.stop(timeout=5)  # let the stuck push time out here, not during a later test
     recv.close()
 
 

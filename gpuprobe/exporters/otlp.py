@@ -15,12 +15,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from typing import Any
 
-from .._metrics import MetricData, MetricSpec
-from ..collector import Runtime, runtime
+from .._lifecycle import Owner
+from .._metrics import SPECS, MetricData, MetricSpec
+from .._version import __version__
 from ..errors import missing
+from ..runtime import Runtime, runtime
+from ._queued import Observation, QueuedSink
 
 try:
     from opentelemetry.sdk.metrics.export import (
@@ -44,12 +46,6 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
 __all__ = ["OtlpExporter", "MeterProviderBridge", "to_metrics_data"]
 
 _SCOPE = InstrumentationScope("gpuprobe", None)
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 def to_metrics_data(data: list[MetricData], start_ns: int, now_ns: int, resource: Resource) -> MetricsData:
@@ -79,8 +75,29 @@ def to_metrics_data(data: list[MetricData], start_ns: int, now_ns: int, resource
     return MetricsData(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=[scope], schema_url="")])
 
 
+class _QuietOnThread(logging.Filter):
+    """Drops the SDK exporter's log records made on one thread (gpuprobe's pusher warns once itself).
+
+    Why a filter and not a level: the logger is the SDK's, shared by the whole process; a filter
+    scoped to one thread leaves every other user of it untouched, and is added once, not per push.
+    """
+
+    def __init__(self, thread_id: int) -> None:
+        super().__init__()
+        self.thread_id = thread_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread_id
+
+
+_SDK_LOGGER = "opentelemetry.exporter.otlp.proto.http.metric_exporter"
+
+
 class OtlpExporter:
     """Push gpuprobe's aggregates to an OTLP/HTTP endpoint every ``interval`` seconds.
+
+    Pushes run on a thread of the exporter's own, every ``interval`` seconds, so a slow or dead
+    endpoint never delays collection or the program.
 
     Args:
         endpoint: the full metrics URL, e.g. ``http://127.0.0.1:4318/v1/metrics``.
@@ -107,49 +124,44 @@ class OtlpExporter:
         attrs.update(resource_attributes or {})
         self._resource_attrs = attrs
         self._rt: Runtime | None = None
-        self._stop = threading.Event()
+        self._wake = threading.Event()  # set: stop
         self._thread: threading.Thread | None = None
+        self._filter: _QuietOnThread | None = None
         self._start_ns = time.time_ns()
         self.pushes = 0
         self.failures = 0
 
-    def attach(self, rt: Runtime | None = None) -> OtlpExporter:
-        """Start pushing from ``rt`` (the process's runtime by default) on a thread of its own."""
+    def attach(self, rt: Runtime | None = None, *, owner: Owner = "user") -> OtlpExporter:
+        """Start pushing from ``rt`` (the process's runtime by default)."""
         self._rt = rt or runtime()
-        self._rt.exporters.append(self)
         self._thread = threading.Thread(target=self._run, name="gpuprobe-otlp", daemon=True)
         self._thread.start()
+        assert self._thread.ident is not None
+        self._filter = _QuietOnThread(self._thread.ident)
+        logging.getLogger(_SDK_LOGGER).addFilter(self._filter)
+        self._rt.add_closeable(self, owner=owner)
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        # Its own schedule (like OpenTelemetry's PeriodicExportingMetricReader): a push may wait on a
+        # slow endpoint for up to `timeout` without delaying the background round.
+        while not self._wake.wait(self.interval):
             self.push()
 
     def push(self) -> bool:
         """Send the current aggregates now; True on success. Never raises."""
         rt = self._rt or runtime()
         data: list[MetricData] = []
+        err: Exception | None = None
         try:
             data = rt.collect()
             if not data:
                 return True
-            labels = rt.registry.const_labels
-            resource = Resource.create({**self._resource_attrs, **labels})
+            resource = Resource.create({**self._resource_attrs, **rt.registry.const_labels})
             payload = to_metrics_data(data, self._start_ns, time.time_ns(), resource)
-            # The SDK exporter logs every failure; one warning from gpuprobe is enough.
-            log = logging.getLogger("opentelemetry.exporter.otlp.proto.http.metric_exporter")
-            previous = log.level
-            log.setLevel(logging.CRITICAL)
-            try:
-                result = self._exporter.export(payload, timeout_millis=self.timeout * 1000)
-            finally:
-                log.setLevel(previous)
-            ok = result == MetricExportResult.SUCCESS
+            ok = self._exporter.export(payload, timeout_millis=self.timeout * 1000) == MetricExportResult.SUCCESS
         except Exception as exc:  # endpoint down, refused, bad response: never into user code
-            ok = False
-            err: Exception | None = exc
-        else:
-            err = None
+            ok, err = False, exc
         if ok:
             self.pushes += 1
             return True
@@ -160,24 +172,31 @@ class OtlpExporter:
                      f"{self.interval:g} s (this warning is shown once)")
         return False
 
-    def tick(self) -> None:
-        """Pushes run on the exporter's own thread, so a slow endpoint never delays collection."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the pusher without a last push (waits up to ``timeout`` for a push under way)."""
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(self.timeout + 1 if timeout is None else timeout)
+        if self._filter is not None:
+            logging.getLogger(_SDK_LOGGER).removeFilter(self._filter)
+            self._filter = None
 
     def close(self) -> None:
-        """Stop the thread and make a last push of the final aggregates (once; later calls do nothing)."""
-        if self._stop.is_set():
+        """Stop the pusher and make a last push of the final aggregates (once; later calls do nothing)."""
+        if self._wake.is_set():
             return
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(self.timeout + 1)
+        self.stop()
         self.push()
         try:
             self._exporter.shutdown()
         except Exception:
             pass
 
+    def __repr__(self) -> str:
+        return f"<gpuprobe OTLP exporter {self.endpoint}>"
 
-class MeterProviderBridge:
+
+class MeterProviderBridge(QueuedSink):
     """Feed gpuprobe's observations into the user's own OpenTelemetry ``MeterProvider``.
 
     Instruments are created on ``meter_provider.get_meter("gpuprobe")`` with gpuprobe's names, units
@@ -189,26 +208,12 @@ class MeterProviderBridge:
         >>> bridge = MeterProviderBridge(MeterProvider()).attach()
     """
 
+    name = "meter_provider"
+
     def __init__(self, meter_provider: Any, *, max_queue: int = 100_000) -> None:
-        self._meter = meter_provider.get_meter("gpuprobe", _version())
+        super().__init__(max_queue=max_queue)
+        self._meter = meter_provider.get_meter("gpuprobe", __version__)
         self._instruments: dict[str, Any] = {}
-        self._queue: deque[tuple[str, Any, float]] = deque()
-        self._max = max_queue
-        self._rt: Runtime | None = None
-        self._overflow = 0
-
-    def attach(self, rt: Runtime | None = None) -> MeterProviderBridge:
-        """Start receiving observations from ``rt``."""
-        self._rt = rt or runtime()
-        self._rt.registry.sinks.append(self._sink)
-        self._rt.add_exporter(self)
-        return self
-
-    def _sink(self, name: str, labels: Any, value: float) -> None:
-        if len(self._queue) >= self._max:
-            self._overflow += 1
-            return
-        self._queue.append((name, labels, value))
 
     def _instrument(self, spec: MetricSpec) -> Any:
         inst = self._instruments.get(spec.name)
@@ -227,25 +232,12 @@ class MeterProviderBridge:
             self._instruments[spec.name] = inst
         return inst
 
-    def tick(self) -> None:
-        """Record what was queued since the last tick."""
-        rt = self._rt or runtime()
-        if self._overflow:
-            n, self._overflow = self._overflow, 0
-            rt.drop("meter_provider_queue_full", n)
-        const = rt.registry.const_labels
-        specs = rt.registry.families
-        q = self._queue
-        for _ in range(len(q)):
-            name, labels, value = q.popleft()
-            record = self._instrument(specs[name].spec)
+    def write_batch(self, batch: list[Observation], rt: Runtime | None) -> None:
+        const = rt.registry.const_labels if rt is not None else {}
+        for _, name, labels, value in batch:
             attrs = dict(const)
             attrs.update(labels)
-            record(value, attrs)
+            self._instrument(SPECS[name])(value, attrs)
 
-    def close(self) -> None:
-        """Record what is left and stop receiving."""
-        self.tick()
-        rt = self._rt
-        if rt is not None and self._sink in rt.registry.sinks:
-            rt.registry.sinks.remove(self._sink)
+    def __repr__(self) -> str:
+        return f"<gpuprobe MeterProvider bridge {self._meter!r}>"

@@ -8,13 +8,16 @@ so a dashboard written against an OTel Collector's Prometheus exporter reads the
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+from .._lifecycle import Owner
 from .._metrics import MetricData, cumulative, prometheus_label, prometheus_name
-from ..collector import Runtime, runtime
 from ..errors import ConfigError, missing
+from ..runtime import Runtime
+from ..runtime import runtime as _runtime
 
 try:
     from prometheus_client import CollectorRegistry, start_http_server
@@ -57,7 +60,7 @@ class GpuprobeCollector:
         self._rt = rt
 
     def collect(self) -> Iterator[Metric]:
-        rt = self._rt or runtime()
+        rt = self._rt or _runtime()
         yield from to_metrics(rt.collect())
 
     def describe(self) -> list[Any]:
@@ -112,10 +115,6 @@ class Server:
         self._closed = True
         self._endpoint.release()
 
-    # The runtime calls tick()/close() on exporters.
-    def tick(self) -> None:
-        """Nothing to do periodically: scrapes pull."""
-
     def __repr__(self) -> str:
         return f"<gpuprobe /metrics at {self.url}>"
 
@@ -124,7 +123,8 @@ _servers: dict[tuple[str, int], _Endpoint] = {}
 _lock = threading.Lock()
 
 
-def serve(port: int | None = None, addr: str | None = None, *, _rt: Runtime | None = None) -> Server:
+def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime | None = None,
+          owner: Owner = "user") -> Server:
     """Serve gpuprobe's metrics for Prometheus at ``http://addr:port/metrics``.
 
     Args:
@@ -132,9 +132,12 @@ def serve(port: int | None = None, addr: str | None = None, *, _rt: Runtime | No
             Under torchrun, ``LOCAL_RANK`` is added (one port per local rank) unless
             ``port_by_local_rank`` (``GPUPROBE_PORT_BY_LOCAL_RANK``) is off. Port 0 picks a free port.
         addr: address to bind; default ``127.0.0.1`` (``GPUPROBE_PROMETHEUS_ADDR``).
+        runtime: the runtime to serve (the process's by default).
+        owner: ``"user"`` (kept across ``configure()``) or ``"settings"`` (started by the settings).
 
     Returns:
-        The running :class:`Server` (the same one if already serving there).
+        A handle on the running endpoint (a new handle on the same endpoint if this process already
+        serves there). Every handle is closed by ``gpuprobe.testing.reset()`` and at exit.
 
     Raises:
         ConfigError: the port is in use or the address cannot be bound; the message names both and
@@ -147,8 +150,8 @@ def serve(port: int | None = None, addr: str | None = None, *, _rt: Runtime | No
         True
         >>> server.close()
     """
-    rt = _rt or runtime()
-    cfg = rt.cfg
+    rt = runtime or _runtime()
+    cfg = rt.settings
     setting = "port=" if port is not None else "GPUPROBE_PROMETHEUS_PORT"
     if port is None:
         port = cfg.prometheus_port if cfg.prometheus_port is not None else 9464
@@ -161,7 +164,9 @@ def serve(port: int | None = None, addr: str | None = None, *, _rt: Runtime | No
         found = _servers.get((addr, port))
         if found is not None and port:
             found.users += 1
-            return Server(found)
+            handle = Server(found)
+            rt.add_closeable(handle, owner=owner)
+            return handle
         registry = CollectorRegistry(auto_describe=False)
         registry.register(GpuprobeCollector(rt))  # type: ignore[arg-type]
         try:
@@ -181,18 +186,22 @@ def serve(port: int | None = None, addr: str | None = None, *, _rt: Runtime | No
         endpoint.users = 1
         _servers[(addr, endpoint.port)] = endpoint
     server = Server(endpoint)
-    rt.exporters.append(_Closer(server))
+    rt.add_closeable(server, owner=owner)
     return server
 
 
-class _Closer:
-    """Lets :func:`gpuprobe.collector.reset` (and exit) release the servers it started."""
+def _forget_after_fork() -> None:
+    """In a forked child: the endpoints' threads do not exist here; close the inherited listening
+    sockets (the parent keeps serving on them) and forget them, so the child can serve anew."""
+    global _lock
+    _lock = threading.Lock()
+    for endpoint in list(_servers.values()):
+        try:
+            endpoint.httpd.socket.close()
+        except OSError:
+            pass
+    _servers.clear()
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
 
-    def tick(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.server.close()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

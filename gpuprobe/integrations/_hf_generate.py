@@ -25,19 +25,29 @@ Steps tile the decoding loop: a step runs from one ``_has_unfinished_sequences``
 
 No device synchronisation is added: token counts come from tensor shapes, KV-cache bytes from
 ``Tensor.nbytes``, sequence lengths from the prompt length and the step index, device times from
-CUDA events resolved later by the collector.
+CUDA events read later by the runtime.
+
+Where the work runs: a step's device events go on the device of its input ids, a layer's on the
+device of its parameters (so ``device_map="auto"`` layers on other GPUs are timed on their own
+device); memory gauges are read for every CUDA device the model uses. A call whose inputs are on the
+CPU takes no device time. Every hook steps aside while Dynamo traces (``torch.compile`` of the
+forward with ``fullgraph=True`` sees no graph break) and inside a CUDA graph capture no device time
+is taken (see ``docs/gpu.md``).
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
-from .. import _probe
-from ..collector import Runtime
+from .. import is_enabled, memory
+from .._placement import tensor_device
+from ..runtime import Runtime
 
 __all__ = ["ModelState", "STATE_KEY", "SEAMS", "seam_function", "class_function"]
 
@@ -73,20 +83,41 @@ def _none() -> None:
     return None
 
 
+def _not_compiling() -> bool:
+    return False
+
+
+_NO_SPAN = object()  # a layer on a CUDA device whose device span could not be taken
+
+
+# torch.compiler.is_dynamo_compiling once torch is there (bound when the first model is instrumented):
+# a plain `return False` in eager code that Dynamo folds to True while it traces.
+_compiling: Callable[[], bool] = _not_compiling
+
+
+def _bind_compiling() -> None:
+    global _compiling
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)
+    if compiler is not None:
+        _compiling = getattr(compiler, "is_dynamo_compiling", compiler.is_compiling)
+
+
 class _Call:
     """What one generate() call on one thread knows while it runs."""
 
     __slots__ = (
-        "t0", "records", "nv", "timer", "step", "step_t0", "step_open", "seen_check", "prefilled",
-        "in_fwd", "fwd_t0", "fwd_ns", "lp_ns", "sc_ns", "st_ns", "streamed", "dev_tok", "depth",
+        "t0", "records", "nv", "clock", "device", "devices", "step", "step_t0", "step_open", "seen_check",
+        "prefilled", "in_fwd", "fwd_t0", "fwd_ns", "lp_ns", "sc_ns", "st_ns", "streamed", "dev_tok", "depth",
         "prompt_len", "batch", "cache", "layers_on", "layer_stack", "compiled", "live",
     )
 
-    def __init__(self, t0: int, records: deque[Any], nv: Any, timer: Any) -> None:
+    def __init__(self, t0: int, records: deque[Any], nv: Any, clock: Any) -> None:
         self.t0 = t0
         self.records = records
         self.nv = nv  # the NVTX backend when a tool is attached, else None
-        self.timer = timer
+        self.clock = clock  # the device clock while the call's inputs are on a CUDA device, else None
+        self.device: int | None = None  # the CUDA device of the call's inputs
+        self.devices: tuple[int, ...] = ()  # every CUDA device the model uses (memory gauges)
         self.step = -1
         self.step_t0 = 0
         self.step_open = False
@@ -115,8 +146,9 @@ class ModelState:
 
     def __init__(self, model: Any, rt: Runtime, *, name: str, layers: list[tuple[Any, int]],
                  layer_every: int, layer_index: bool, memory: bool, kv_cache: bool, memory_every: int,
-                 options: dict[str, Any]) -> None:
+                 options: dict[str, Any], streamer_index: int | None = None) -> None:
         self.model_name = name
+        self.streamer_index = streamer_index  # position of `streamer` in generate(*args), self excluded
         self.rt = rt
         self.options = options
         self.tls = threading.local()
@@ -127,14 +159,15 @@ class ModelState:
         self.originals: dict[str, Any] = {}  # seam name -> callable (bound) run underneath
         self.saved: dict[str, Any] = {}  # seam name -> instance attribute that was there before
         self.decode_count = 0
-        self.generate_is_mixin = False  # set by instrument(): the class keeps GenerationMixin.generate
         self._lock = threading.Lock()
         self._nvtx_cache: dict[tuple[str, str, int], Any] = {}
-        rt.backends()
+        self._devices: dict[int, tuple[int, ...]] = {}  # input device -> every CUDA device the model uses
+        self.layer_device: dict[Any, int | None] = {}
+        _bind_compiling()
         fam = rt.family
         gen = {"gen_ai.request.model": name, "gen_ai.provider.name": PROVIDER, "gen_ai.operation.name": OPERATION}
         self.gen_labels = gen
-        # Records are (bound apply method of a series, value), the collector's Record type. Why bound
+        # Records are (bound apply method of a series, value), the runtime's Record type. Why bound
         # here: a step then appends tuples (0.11 us each) instead of calling Runtime.emit (0.57 us).
         self.ttft = fam("gen_ai.server.time_to_first_token").child(**gen).apply
         self.tpot = fam("gen_ai.server.time_per_output_token").child(**gen).apply
@@ -222,33 +255,65 @@ class ModelState:
             self.req_err[name] = child
         return child
 
-    def memory_children(self) -> tuple[Any, Any, Any]:
-        dev = self.rt.device
-        found = self._mem.get(dev)
+    def memory_children(self, device: str) -> tuple[Any, Any, Any]:
+        found = self._mem.get(device)
         if found is None:
             fam = self.rt.family
-            found = (fam("gpuprobe.memory.allocated").child(device=dev).apply,
-                     fam("gpuprobe.memory.reserved").child(device=dev).apply,
-                     fam("gpuprobe.memory.peak").child(device=dev).apply)
-            self._mem[dev] = found
+            found = (fam("gpuprobe.memory.allocated").child(device=device).apply,
+                     fam("gpuprobe.memory.reserved").child(device=device).apply,
+                     fam("gpuprobe.memory.peak").child(device=device).apply)
+            self._mem[device] = found
         return found
+
+    def devices_for(self, model: Any, device: int) -> tuple[int, ...]:
+        """Every CUDA device the model uses, given the device of its inputs (cached per input device).
+
+        The input device, and those of ``hf_device_map`` (``device_map="auto"``) and of the timed layers.
+        """
+        found = self._devices.get(device)
+        if found is None:
+            used = {device}
+            device_map = getattr(model, "hf_device_map", None)
+            if isinstance(device_map, dict):
+                used.update(d for d in device_map.values() if isinstance(d, int) and not isinstance(d, bool))
+            used.update(d for d in (self.module_device(m) for m in self.layers) if d is not None)
+            found = self._devices[device] = tuple(sorted(used))
+        return found
+
+    def module_device(self, module: Any) -> int | None:
+        """The CUDA device of ``module``'s parameters (cached), or None when they are not on CUDA."""
+        try:
+            return self.layer_device[module]
+        except KeyError:
+            pass
+        index = None
+        for param in module.parameters():
+            dev = tensor_device(param)
+            index = dev.index if dev.type == "cuda" else None
+            break
+        self.layer_device[module] = index
+        return index
 
     def read_gauges(self, ctx: _Call) -> None:
         """Memory and KV-cache gauges (no device sync: allocator counters, shapes and nbytes)."""
         records = ctx.records
         if self.memory:
-            reader = self.rt.read_memory
-            if reader is not None:
+            rt = self.rt
+            # The devices the call's model uses; a call on the CPU reads the process's memory.
+            reader = rt.backends.read_memory if ctx.devices else memory.process_reading
+            for device in ctx.devices or (None,):
                 try:
-                    alloc, reserved, peak = reader()
+                    reading = reader(device)
                 except Exception as exc:
-                    self.rt.warn_once("memory", f"gpuprobe: memory reading failed: {exc!r}")
-                else:
-                    a, r, p = self.memory_children()
-                    records.append((a, alloc))
-                    if reserved is not None:
-                        records.append((r, reserved))
-                    records.append((p, peak))
+                    rt.warn_once("memory", f"gpuprobe: memory reading failed: {exc!r}")
+                    break
+                if reading is None:
+                    continue
+                a, r, p = self.memory_children(reading.device)
+                records.append((a, reading.allocated))
+                if reading.reserved is not None:
+                    records.append((r, reading.reserved))
+                records.append((p, reading.peak))
         if self.kv_cache and ctx.cache is not None:
             records.append((self.kv_mem, cache_bytes(ctx.cache)))
             if ctx.prompt_len is not None:
@@ -262,7 +327,9 @@ class ModelState:
         with self._lock:
             self._hook_users += 1
             if self._hook_users == 1:
+                self.layer_device.clear()  # modules may have moved since the last sampled step
                 for m in self.layers:
+                    self.module_device(m)
                     self._hooks.append(m.register_forward_pre_hook(self._layer_pre))
                     self._hooks.append(m.register_forward_hook(self._layer_post, always_call=True))
 
@@ -275,43 +342,70 @@ class ModelState:
                     h.remove()
                 self._hooks.clear()
 
+    def remove_hooks(self) -> None:
+        """Remove every layer hook now (uninstrument)."""
+        with self._lock:
+            for h in self._hooks:
+                h.remove()
+            self._hooks.clear()
+            self._hook_users = 0
+
     def _layer_pre(self, module: Any, args: Any) -> None:
+        if _compiling():  # Dynamo folds this to True while tracing: no graph break from the hook
+            return None
         ctx = getattr(self.tls, "ctx", None)
         if ctx is None or not ctx.layers_on:
             return None
         nv = ctx.nv
         if nv is not None:
             nv.push(self.nvtx(nv, self.layer_messages[module], "layer", ctx.step))
-        timer = ctx.timer
-        ctx.layer_stack.append((perf_counter_ns(), timer.start() if timer is not None else None))
+        clock = ctx.clock
+        token: Any = None
+        if clock is not None:
+            device = self.layer_device.get(module)
+            if device is not None:
+                # On a GPU the host only queues kernels: without a device span (a capture is underway,
+                # or no event was free) the layer gets no sample rather than its queuing time.
+                token = clock.start(device) or _NO_SPAN
+        ctx.layer_stack.append((perf_counter_ns(), token))
         return None
 
     def _layer_post(self, module: Any, args: Any, output: Any) -> None:
+        if _compiling():
+            return None
         ctx = getattr(self.tls, "ctx", None)
         if ctx is None or not ctx.layers_on or not ctx.layer_stack:
             return None
         t0, tok = ctx.layer_stack.pop()
         dt = perf_counter_ns() - t0
         child = self.layer_children[module]
-        if tok is not None:
-            # On a GPU the host only queues kernels: the layer's time is the device time.
-            ctx.records.append((self.rt.pending_target.apply, (child, ctx.timer.stop(tok))))
-        else:
-            ctx.records.append((child.apply, dt))
+        if tok is None:
+            ctx.records.append((child.apply, dt))  # the layer runs on the CPU: its host time
+        elif tok is not _NO_SPAN:
+            ctx.records.append((self.rt.pending.apply, (child, ctx.clock.stop(tok))))
         if ctx.nv is not None:
             ctx.nv.pop()
         return None
 
     # -- steps -----------------------------------------------------------------------------
+    def place_call(self, model: Any, ctx: _Call, ids: Any) -> None:
+        """Where this call's work runs: the device of its input ids (CPU inputs: no device time)."""
+        dev = tensor_device(ids) if ids is not None else None
+        if dev is None or dev.type != "cuda":
+            ctx.clock = None
+            return
+        index = dev.index if dev.index is not None else 0
+        ctx.device = index
+        ctx.devices = self.devices_for(model, index)
+
     def open_step(self, ctx: _Call, t: int, decode: bool) -> None:
         rt = self.rt
         # The global step counter marks step starts (profile windows, snapshot triggers); hooks
         # such as a profiler start are kept out of the step's own time.
-        if rt.step_hooks:
-            rt.step()
+        hooked = bool(rt.steps.hooks)
+        rt.advance_step()
+        if hooked:
             t = perf_counter_ns()
-        else:
-            rt.step_index += 1
         ctx.step += 1
         ctx.step_open = True
         ctx.step_t0 = t
@@ -322,8 +416,8 @@ class ModelState:
         if nv is not None:
             nv.push(self.nvtx(nv, "decode" if decode else "prefill", "step", ctx.step))
             ctx.depth += 1
-        timer = ctx.timer
-        ctx.dev_tok = timer.start() if timer is not None else None
+        clock = ctx.clock
+        ctx.dev_tok = clock.start(ctx.device) if clock is not None else None
         if decode and self.layers and not ctx.compiled:
             self.decode_count += 1  # racy across threads: fine for sampling
             if self.decode_count % self.layer_every == 0:
@@ -355,7 +449,7 @@ class ModelState:
         append((self.step_host[decode], dur))
         tok = ctx.dev_tok
         if tok is not None:
-            append((self.rt.pending_target.apply, (self.step_dev[decode], ctx.timer.stop(tok))))
+            append((self.rt.pending.apply, (self.step_dev[decode], ctx.clock.stop(tok))))
             ctx.dev_tok = None
         other = dur - ctx.fwd_ns - ctx.lp_ns
         append((self.c_forward, ctx.fwd_ns))
@@ -381,23 +475,24 @@ class ModelState:
         # gauges keep only the last value anyway, and every call ends with a reading.
         if ctx.step % self.memory_every == 0 and (self.memory or self.kv_cache):
             self.read_gauges(ctx)
-        if len(records) >= self.rt.cfg.buffer_size:
-            self.rt.drain()
+        self.rt.drain_if_full(records)
 
     # -- the call ----------------------------------------------------------------------------
     def generate(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         orig = self.originals["generate"]
-        if not _probe._on or _probe._is_compiling():
+        if not is_enabled() or _compiling():
             return orig(*args, **kwargs)
         rt = self.rt
-        rt.backends()
-        nv = rt.nvtx if rt.nvtx.enabled else None
-        ctx = _Call(perf_counter_ns(), rt.buffer(), nv, rt.timer)
+        backends = rt.backends
+        nv = backends.nvtx if backends.nvtx.enabled else None
+        ctx = _Call(perf_counter_ns(), rt.thread_records(), nv, backends.device_clock)
         streamer = kwargs.get("streamer")
         if streamer is not None:
             kwargs["streamer"] = _TimedStreamer(streamer, ctx, self)
-        elif len(args) > 7 and args[7] is not None and self.generate_is_mixin:
-            args = (*args[:7], _TimedStreamer(args[7], ctx, self), *args[8:])
+        else:
+            i = self.streamer_index
+            if i is not None and len(args) > i and args[i] is not None:
+                args = (*args[:i], _TimedStreamer(args[i], ctx, self), *args[i + 1:])
         tls = self.tls
         prev = getattr(tls, "ctx", None)
         tls.ctx = ctx
@@ -427,8 +522,8 @@ class ModelState:
                 self.close_step(ctx, t1)
             else:  # a failed step leaves no sample, only its ranges to close
                 ctx.step_open = False
-                if ctx.dev_tok is not None and ctx.timer is not None:
-                    ctx.timer.discard(ctx.timer.stop(ctx.dev_tok))
+                if ctx.dev_tok is not None and ctx.clock is not None:
+                    ctx.clock.discard(ctx.clock.stop(ctx.dev_tok))
                     ctx.dev_tok = None
                 if ctx.layers_on:
                     ctx.layers_on = False
@@ -443,6 +538,7 @@ class ModelState:
         dur = t1 - ctx.t0
         if err is not None:
             records.append((self.error_child(err), dur))
+            self.rt.observe_exception(err)
         else:
             records.append((self.req_ok, dur))
             n_in = input_tokens(args, kwargs)
@@ -459,8 +555,8 @@ class ModelState:
                 self.read_gauges(ctx)
         records.append((self.active, -1))
         ctx.cache = None
-        if len(records) >= self.rt.cfg.buffer_size:
-            self.rt.drain()
+        self.rt.steps_done()
+        self.rt.drain_if_full(records)
 
     # pickling and deep copies of a model drop its instrumentation (see the module docstring)
     def __deepcopy__(self, memo: dict[int, Any]) -> None:
@@ -656,6 +752,7 @@ def _prefill(self: Any, *args: Any, **kwargs: Any) -> Any:
             ctx.prompt_len = int(shape[-1])
             ctx.batch = int(shape[0])
             ctx.records.append((st.batch, ctx.batch))
+        st.place_call(self, ctx, ids)
         ctx.prefilled = True
         ctx.seen_check = False
         st.open_step(ctx, t, decode=False)

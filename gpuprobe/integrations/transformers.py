@@ -27,6 +27,7 @@ dynamic caches, streamers, user logits processors and stopping criteria. Other d
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import types
@@ -35,9 +36,8 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from .. import _probe
-from ..collector import runtime
 from ..errors import ConfigError, GpuprobeError, missing
+from ..runtime import DISABLED_AT_IMPORT, runtime
 from . import _hf_generate as _g
 from ._hf_layers import find_layers
 
@@ -167,6 +167,22 @@ def _check_options(model_name: Any, layers: Any, layer_every: Any, memory_every:
         raise ConfigError(f"instrument(layers=) must be True/False or a list of modules, got {layers!r}")
 
 
+def _streamer_index(generate: Any) -> int | None:
+    """Where ``streamer`` sits among ``generate``'s positional arguments (``self`` excluded), if anywhere.
+
+    Read from the signature of the class's own ``generate``, once per instrument(), so a streamer
+    passed by position is found whatever the class's parameter order.
+    """
+    try:
+        params = list(inspect.signature(generate).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if "streamer" not in positional:
+        return None
+    return positional.index("streamer") - 1  # generate is a function of (self, ...)
+
+
 _lock = threading.RLock()
 _opted_out: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -217,7 +233,7 @@ def instrument(model: M, *, model_name: str | None = None, layers: bool | Iterab
     """
     _check_model(model)
     _check_options(model_name, layers, layer_every, memory_every)
-    if _probe._DISABLED_AT_IMPORT:  # GPUPROBE_DISABLE=1: decided once, nothing is patched
+    if DISABLED_AT_IMPORT:  # GPUPROBE_DISABLE=1: decided once, nothing is patched
         return model
     layer_list: list[tuple[Any, int]]
     if layers is True:
@@ -240,11 +256,11 @@ def instrument(model: M, *, model_name: str | None = None, layers: bool | Iterab
                 return model
             uninstrument(model)
         _opted_out.discard(model)
+        cls = type(model)
         st = _g.ModelState(model, runtime(), name=model_name or _default_name(model), layers=layer_list,
                            layer_every=layer_every, layer_index=layer_index, memory=memory, kv_cache=kv_cache,
-                           memory_every=memory_every, options=options)
-        cls = type(model)
-        st.generate_is_mixin = _g.class_function(cls, "generate") is _transformers().GenerationMixin.generate
+                           memory_every=memory_every, options=options,
+                           streamer_index=_streamer_index(_g.class_function(cls, "generate")))
         for name in _g.SEAMS:
             if not callable(getattr(cls, name, None)):
                 continue
@@ -288,11 +304,7 @@ def uninstrument(model: M) -> M:
                 warnings.warn(f"gpuprobe: {type(model).__qualname__}.{name} was replaced after instrument(); "
                               "left in place", RuntimeWarning, stacklevel=2)
         if st is not None:
-            with st._lock:
-                for h in st._hooks:
-                    h.remove()
-                st._hooks.clear()
-                st._hook_users = 0
+            st.remove_hooks()
         d.pop(_g.STATE_KEY, None)
         if _class_patches:
             try:
@@ -367,7 +379,7 @@ def instrument_class(cls: C | None = None, **options: Any) -> C:
         raise ConfigError(f"instrument_class() got unknown option(s): {', '.join(sorted(unknown))}")
     _check_options(options.get("model_name"), options.get("layers", False), options.get("layer_every", 8),
                    options.get("memory_every", 8))
-    if _probe._DISABLED_AT_IMPORT:
+    if DISABLED_AT_IMPORT:
         return cls
     with _lock:
         patch = _class_patches.get(cls)

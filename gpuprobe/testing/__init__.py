@@ -2,7 +2,9 @@
 
 - :class:`InMemoryExporter` — every observation, as aggregated, kept in a list;
 - :func:`reset` — zero every metric and stop exporters between tests;
-- :mod:`gpuprobe.testing.nvtx_capture` — record NVTX ranges for real through an injection library.
+- :mod:`gpuprobe.testing.nvtx_capture` — record NVTX ranges for real through an injection library;
+- :mod:`gpuprobe.testing.simcuda` — a simulated CUDA (devices, streams, asynchronous events, graph
+  capture, memory) for testing GPU code paths on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import dataclasses
 import threading
 from typing import Any
 
-from .. import collector, config
+from .. import _probe, config
 from .._metrics import MetricData
+from ..runtime import DISABLED_AT_IMPORT, Runtime, runtime
 
 __all__ = ["InMemoryExporter", "Observation", "reset"]
 
@@ -42,7 +45,7 @@ class InMemoryExporter:
     def __init__(self) -> None:
         self._items: list[Observation] = []
         self._lock = threading.Lock()
-        self._rt: collector.Runtime | None = None
+        self._rt: Runtime | None = None
 
     def _sink(self, name: str, labels: Any, value: float) -> None:
         with self._lock:
@@ -50,16 +53,15 @@ class InMemoryExporter:
 
     def attach(self) -> InMemoryExporter:
         """Start receiving observations."""
-        self._rt = collector.runtime()
-        self._rt.registry.sinks.append(self._sink)
+        self._rt = runtime()
+        self._rt.add_sink(self._sink)
         return self
 
     def detach(self) -> None:
         """Stop receiving (what was received stays)."""
         if self._rt is not None:
             self._rt.drain()
-            if self._sink in self._rt.registry.sinks:
-                self._rt.registry.sinks.remove(self._sink)
+            self._rt.remove_sink(self._sink)
             self._rt = None
 
     def __enter__(self) -> InMemoryExporter:
@@ -92,7 +94,7 @@ class InMemoryExporter:
 
     def metrics(self) -> list[MetricData]:
         """The aggregates, as exporters see them."""
-        return collector.collect()
+        return runtime().collect()
 
     def clear(self) -> None:
         """Forget what was received."""
@@ -110,8 +112,7 @@ def reset(**settings: Any) -> None:
         >>> from gpuprobe.testing import reset
         >>> reset()
     """
-    from .. import _probe
-
     cfg = config.replace(config.load(), **settings) if settings else config.load()
-    collector.reset(cfg)
-    _probe.enable()
+    runtime().reset(cfg)
+    if not DISABLED_AT_IMPORT:
+        _probe.enable()

@@ -29,7 +29,7 @@ import threading
 from typing import Any
 
 import gpuprobe
-from gpuprobe.collector import runtime
+from gpuprobe.runtime import runtime
 
 MODEL_NAME = "tiny-llama"
 

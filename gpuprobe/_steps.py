@@ -1,0 +1,100 @@
+"""The step clock: one process-wide count of generation steps and the hooks that run at each.
+
+Steps are counted by the transformers integration (one per generation step) or by your own
+``gpuprobe.step()``; each :meth:`StepClock.advance` marks the *start* of a step. Hooks (profile
+windows, kernel sampling, snapshot triggers) run on the thread that advances, after the count.
+:meth:`StepClock.done` says that the calling thread's steps are over for now (a ``generate()`` call
+ended); its hooks let a feature close what that thread opened (a kernel sample).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["StepClock", "StepHook"]
+
+StepHook = Callable[[int], None]
+OnHookError = Callable[[StepHook, BaseException], None]
+
+
+class StepClock:
+    """A locked step counter and its hooks (copy-on-write, so running them takes no lock).
+
+    Example:
+        >>> clock = StepClock(lambda hook, exc: None)
+        >>> clock.advance(), clock.advance()
+        (0, 1)
+    """
+
+    def __init__(self, on_hook_error: OnHookError) -> None:
+        self._lock = threading.Lock()
+        self._index = -1
+        self._hooks: tuple[StepHook, ...] = ()
+        self._done_hooks: tuple[Callable[[], None], ...] = ()
+        self._on_hook_error = on_hook_error
+
+    @property
+    def index(self) -> int:
+        """The index of the step that started last (-1 before the first)."""
+        return self._index
+
+    @property
+    def hooks(self) -> tuple[StepHook, ...]:
+        """The hooks, in the order they run."""
+        return self._hooks
+
+    def advance(self) -> int:
+        """Start the next step: count it, run the hooks; returns its index."""
+        with self._lock:
+            self._index += 1
+            index = self._index
+        for hook in self._hooks:
+            try:
+                hook(index)
+            except Exception as exc:
+                self._on_hook_error(hook, exc)
+        return index
+
+    def add_hook(self, hook: StepHook, *, first: bool = False) -> None:
+        """Run ``hook(index)`` at every step start (``first``: before the hooks already there)."""
+        with self._lock:
+            self._hooks = (hook, *self._hooks) if first else (*self._hooks, hook)
+
+    def remove_hook(self, hook: StepHook) -> None:
+        """Stop running ``hook`` (no error if it is not there)."""
+        with self._lock:
+            self._hooks = tuple(h for h in self._hooks if h != hook)
+
+    def done(self) -> None:
+        """The calling thread's steps are over for now: run the done-hooks."""
+        for hook in self._done_hooks:
+            try:
+                hook()
+            except Exception as exc:
+                self._on_hook_error(hook, exc)  # type: ignore[arg-type]
+
+    def add_done_hook(self, hook: Callable[[], None]) -> None:
+        """Run ``hook()`` when a thread's steps are over (see :meth:`done`)."""
+        with self._lock:
+            self._done_hooks = (*self._done_hooks, hook)
+
+    def remove_done_hook(self, hook: Callable[[], None]) -> None:
+        """Stop running ``hook`` at :meth:`done`."""
+        with self._lock:
+            self._done_hooks = tuple(h for h in self._done_hooks if h != hook)
+
+    def clear_hooks(self) -> None:
+        """Remove every hook."""
+        with self._lock:
+            self._hooks = ()
+            self._done_hooks = ()
+
+    def restart(self) -> None:
+        """Count from 0 again (hooks stay)."""
+        with self._lock:
+            self._index = -1
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: the lock may have been held by a thread that does not exist here."""
+        self._lock = threading.Lock()
