@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuprobe import dashboards as dash
-from gpuprobe._metrics import SPECS
+from gpuprobe._metrics import SPECS, prometheus_name
 
 from .promstack import DASHBOARD_DIR, ROOT, Stack, shipped_dashboards, wait_until
 
@@ -110,7 +110,7 @@ def test_recorded_quantile_equals_the_inline_one(stack: Stack) -> None:
 def test_model_labels_in_the_generator_match_the_exposition(stack: Stack) -> None:
     with urllib.request.urlopen(f"http://{stack.single}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    by_family = {dash.prometheus_name(spec): name for name, spec in SPECS.items()}
+    by_family = {prometheus_name(spec): name for name, spec in SPECS.items()}
     seen = set()
     for fam in text_string_to_metric_families(text):
         metric = by_family.get(fam.name)
