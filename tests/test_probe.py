@@ -15,6 +15,8 @@ from helpers import run_python
 
 DUR = "gpuprobe.probe.duration"
 
+pytestmark = pytest.mark.usefixtures("device_backend")
+
 
 def test_bare_decorator_names_the_probe_after_the_qualname(exporter: InMemoryExporter) -> None:
     class Model:
@@ -23,7 +25,7 @@ def test_bare_decorator_names_the_probe_after_the_qualname(exporter: InMemoryExp
             return x * 2
 
     assert Model().forward(4) == 8
-    obs = exporter.observations(DUR)
+    obs = exporter.observations(DUR, clock="host")
     assert [o.attrs["probe"] for o in obs] == ["test_bare_decorator_names_the_probe_after_the_qualname.<locals>.Model.forward"]
     assert obs[0].attrs["kind"] == "user" and obs[0].attrs["clock"] == "host"
     assert obs[0].value > 0
@@ -35,7 +37,7 @@ def test_named_decorator_carries_kind_and_attrs(exporter: InMemoryExporter) -> N
         return "ok"
 
     assert decode() == "ok"
-    (ob,) = exporter.observations(DUR, probe="decode")
+    (ob,) = exporter.observations(DUR, probe="decode", clock="host")
     assert ob.attrs["kind"] == "step" and ob.attrs["model"] == "tiny" and ob.attrs["batch"] == "4"
 
 
@@ -54,7 +56,7 @@ def test_context_manager_measures_the_block(exporter: InMemoryExporter) -> None:
 
     with probe("sleepy"):
         time.sleep(0.02)
-    (value,) = exporter.values(DUR, probe="sleepy")
+    (value,) = exporter.values(DUR, probe="sleepy", clock="host")
     assert 0.015 < value < 1.0
 
 
@@ -69,7 +71,7 @@ def test_exception_propagates_unchanged_and_is_counted(exporter: InMemoryExporte
         lookup()
     assert info.value is err
     assert exporter.values("gpuprobe.probe.errors", probe="lookup", error_type="KeyError") == [1]
-    assert len(exporter.values(DUR, probe="lookup")) == 1  # the failed call is still timed
+    assert len(exporter.values(DUR, probe="lookup", clock="host")) == 1  # the failed call is still timed
 
 
 def test_exception_in_with_block_is_counted_and_not_swallowed(exporter: InMemoryExporter) -> None:
@@ -86,9 +88,9 @@ def test_async_function_range_spans_the_awaited_body_not_creation(exporter: InMe
         return 7
 
     coro = fetch()
-    assert exporter.values(DUR, probe="fetch") == []  # creating the coroutine records nothing
+    assert exporter.values(DUR, probe="fetch", clock="host") == []  # creating the coroutine records nothing
     assert asyncio.run(coro) == 7
-    (value,) = exporter.values(DUR, probe="fetch")
+    (value,) = exporter.values(DUR, probe="fetch", clock="host")
     assert value >= 0.025
 
 
@@ -109,7 +111,7 @@ def test_async_with_block(exporter: InMemoryExporter) -> None:
             await asyncio.sleep(0.01)
 
     asyncio.run(main())
-    assert len(exporter.values(DUR, probe="ablock")) == 1
+    assert len(exporter.values(DUR, probe="ablock", clock="host")) == 1
 
 
 def test_generator_range_spans_first_next_to_exhaustion(exporter: InMemoryExporter) -> None:
@@ -123,11 +125,11 @@ def test_generator_range_spans_first_next_to_exhaustion(exporter: InMemoryExport
 
     g = gen(3)
     time.sleep(0.03)  # before the first next(): not part of the range
-    assert exporter.values(DUR, probe="gen") == []
+    assert exporter.values(DUR, probe="gen", clock="host") == []
     assert next(g) == 0
     time.sleep(0.02)  # consumer time between items: part of the range
     assert list(g) == [1, 2]
-    (value,) = exporter.values(DUR, probe="gen")
+    (value,) = exporter.values(DUR, probe="gen", clock="host")
     assert 0.015 < value < 0.03
 
 
@@ -152,7 +154,7 @@ def test_generator_closed_early_is_timed_and_not_an_error(exporter: InMemoryExpo
     g = stream()
     next(g)
     g.close()
-    assert len(exporter.values(DUR, probe="stream")) == 1
+    assert len(exporter.values(DUR, probe="stream", clock="host")) == 1
     assert exporter.values("gpuprobe.probe.errors") == []
 
 
@@ -172,9 +174,9 @@ def test_nested_probes_each_record(exporter: InMemoryExporter) -> None:
     with probe("outer"):
         inner()
         inner()
-    assert len(exporter.values(DUR, probe="outer")) == 1
-    assert len(exporter.values(DUR, probe="inner")) == 2
-    assert exporter.values(DUR, probe="outer")[0] >= max(exporter.values(DUR, probe="inner"))
+    assert len(exporter.values(DUR, probe="outer", clock="host")) == 1
+    assert len(exporter.values(DUR, probe="inner", clock="host")) == 2
+    assert exporter.values(DUR, probe="outer", clock="host")[0] >= max(exporter.values(DUR, probe="inner", clock="host"))
 
 
 def test_shared_context_manager_object_is_safe_across_threads(exporter: InMemoryExporter) -> None:
@@ -194,7 +196,7 @@ def test_shared_context_manager_object_is_safe_across_threads(exporter: InMemory
         t.start()
     for t in threads:
         t.join()
-    assert len(exporter.values(DUR, probe="shared")) == 4 * per_thread * 2
+    assert len(exporter.values(DUR, probe="shared", clock="host")) == 4 * per_thread * 2
 
 
 def test_threads_never_mix_records(exporter: InMemoryExporter) -> None:
@@ -212,7 +214,7 @@ def test_threads_never_mix_records(exporter: InMemoryExporter) -> None:
     for t in threads:
         t.join()
     for name, n in calls.items():
-        assert len(exporter.values(DUR, probe=name)) == n
+        assert len(exporter.values(DUR, probe=name, clock="host")) == n
 
 
 def test_sampling_every_n_records_one_call_in_n(exporter: InMemoryExporter) -> None:
@@ -226,7 +228,7 @@ def test_sampling_every_n_records_one_call_in_n(exporter: InMemoryExporter) -> N
     for i in range(40):
         assert sampled(i) == i
     assert len(hits) == 40  # every call runs
-    assert len(exporter.values(DUR, probe="sampled")) == 10
+    assert len(exporter.values(DUR, probe="sampled", clock="host")) == 10
 
 
 def test_runtime_disable_and_enable(exporter: InMemoryExporter) -> None:
@@ -239,10 +241,10 @@ def test_runtime_disable_and_enable(exporter: InMemoryExporter) -> None:
     switch()
     with probe("switch"):
         pass
-    assert exporter.values(DUR, probe="switch") == []
+    assert exporter.values(DUR, probe="switch", clock="host") == []
     gpuprobe.enable()
     switch()
-    assert len(exporter.values(DUR, probe="switch")) == 1
+    assert len(exporter.values(DUR, probe="switch", clock="host")) == 1
 
 
 def test_disabled_by_env_returns_the_function_itself() -> None:
@@ -264,8 +266,10 @@ def test_disabled_by_env_returns_the_function_itself() -> None:
     assert proc.stdout.strip() == "ok"
 
 
-def test_probe_inside_torch_compile_does_nothing(exporter: InMemoryExporter) -> None:
+def test_probe_inside_torch_compile_does_nothing(exporter: InMemoryExporter, device_backend) -> None:  # type: ignore[no-untyped-def]
     torch = pytest.importorskip("torch")
+    if device_backend is not None:
+        pytest.skip("Dynamo's own CUDA paths call torch._C CUDA bindings a CPU build lacks")
 
     @probe("inside_compiled")
     def scale(x):  # type: ignore[no-untyped-def]
@@ -277,9 +281,9 @@ def test_probe_inside_torch_compile_does_nothing(exporter: InMemoryExporter) -> 
     compiled = torch.compile(fn, backend="eager", fullgraph=True)
     out = compiled(torch.ones(3))
     assert torch.equal(out, torch.full((3,), 3.0))
-    assert exporter.values(DUR, probe="inside_compiled") == []
+    assert exporter.values(DUR, probe="inside_compiled", clock="host") == []
     scale(torch.ones(1))  # eager call still records
-    assert len(exporter.values(DUR, probe="inside_compiled")) == 1
+    assert len(exporter.values(DUR, probe="inside_compiled", clock="host")) == 1
 
 
 @pytest.mark.parametrize(
@@ -310,17 +314,24 @@ def test_label_values_past_the_cap_fold_into_other() -> None:
     assert other.count == 3  # type: ignore[attr-defined]
 
 
-def test_memory_readings_are_taken_when_asked(exporter: InMemoryExporter) -> None:
+def test_memory_readings_are_taken_when_asked(exporter: InMemoryExporter, device_backend) -> None:  # type: ignore[no-untyped-def]
+    sim = device_backend
+
     @probe("alloc", memory=True)
-    def alloc() -> bytearray:
-        return bytearray(1 << 20)
+    def alloc() -> object:
+        return bytearray(1 << 20) if sim is None else sim.allocate(1 << 20)
 
     alloc()
-    (rss,) = exporter.values("gpuprobe.memory.allocated", device="cpu")
-    (peak,) = exporter.values("gpuprobe.memory.peak", device="cpu")
-    assert 1 << 20 < rss <= peak
-    # on CPU there is no allocator reservation to report
-    assert exporter.values("gpuprobe.memory.reserved") == []
+    device = "cpu" if sim is None else "cuda:0"
+    (allocated,) = exporter.values("gpuprobe.memory.allocated", device=device)
+    (peak,) = exporter.values("gpuprobe.memory.peak", device=device)
+    assert 1 << 20 <= allocated <= peak
+    if sim is None:
+        # on CPU there is no allocator reservation to report
+        assert exporter.values("gpuprobe.memory.reserved") == []
+    else:
+        (reserved,) = exporter.values("gpuprobe.memory.reserved", device=device)
+        assert allocated == __import__("torch").cuda.memory_allocated(0) and reserved >= allocated
 
 
 def test_memory_off_by_default(exporter: InMemoryExporter) -> None:
@@ -329,11 +340,17 @@ def test_memory_off_by_default(exporter: InMemoryExporter) -> None:
     assert exporter.values("gpuprobe.memory.allocated") == []
 
 
-def test_info_names_active_backends() -> None:
+def test_info_names_active_backends(device_backend) -> None:  # type: ignore[no-untyped-def]
     info = gpuprobe.info()
-    assert info["timing"] == "host"  # no CUDA device here
     assert info["nvtx"] in ("off", "nvtx", "torch.cuda.nvtx")
-    assert info["enabled"] is True and info["device"] == "cpu"
+    assert info["enabled"] is True
+    if device_backend is None:
+        assert info["timing"] == "host" and info["device"] == "cpu" and info["memory"] == "process-rss"
+    else:
+        assert info["timing"] == "host+cuda-events" and info["memory"] == "cuda-allocator"
+        with probe("first_work"):
+            pass
+        assert gpuprobe.info()["device"] == "cuda:0"  # the device of the first work
 
 
 _SENTINEL = object()
@@ -350,7 +367,7 @@ def test_wrappers_keep_every_kind_of_parameter(exporter: InMemoryExporter) -> No
         full(1)  # d is required, as in the original
     with pytest.raises(TypeError):
         full(a=1, d=2)  # a is positional-only, as in the original
-    assert len(exporter.values(DUR, probe=full.__qualname__)) == 2  # the failed binds never entered
+    assert len(exporter.values(DUR, probe=full.__qualname__, clock="host")) == 2  # the failed binds never entered
 
 
 def test_wrappers_of_parameters_named_like_internals_still_work() -> None:
@@ -371,4 +388,4 @@ def test_wrapping_a_builtin_or_callable_object_works(exporter: InMemoryExporter)
 
     scored = probe("scorer")(Scorer())
     assert scored(1) == 2
-    assert len(exporter.values(DUR, probe="len")) == 1 and len(exporter.values(DUR, probe="scorer")) == 1
+    assert len(exporter.values(DUR, probe="len", clock="host")) == 1 and len(exporter.values(DUR, probe="scorer", clock="host")) == 1

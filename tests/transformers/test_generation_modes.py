@@ -10,6 +10,9 @@ from _hfkit import FAMILIES, prompt, torch, transformers
 import gpuprobe
 from gpuprobe.integrations.transformers import instrument
 
+# Each test on the CPU and on simulated CUDA devices (where the steps and layers also take device spans).
+pytestmark = pytest.mark.usefixtures("device_backend")
+
 GenerationConfig = transformers.GenerationConfig
 
 
@@ -67,7 +70,7 @@ class Halve:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_is_unchanged_and_counted_for_each_family(make_model, family):
+def test_greedy_is_unchanged_and_counted_for_each_family(make_model, family, device_backend):
     model = make_model(family)
     ids = prompt(batch=2)
     mask = torch.ones_like(ids)
@@ -77,7 +80,10 @@ def test_greedy_is_unchanged_and_counted_for_each_family(make_model, family):
     out = model.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False)
     assert torch.equal(ref, out)
     assert counts("gen_ai.server.time_per_output_token", gen_ai_request_model=family) == 4
-    assert counts("gpuprobe.step.duration", model=family, phase="prefill") == 1
+    assert counts("gpuprobe.step.duration", model=family, phase="prefill", clock="host") == 1
+    on_device = device_backend is not None  # on a (simulated) GPU every step also has a device span
+    assert counts("gpuprobe.step.duration", model=family, phase="prefill", clock="device") == int(on_device)
+    assert counts("gpuprobe.step.duration", model=family, phase="decode", clock="device") == 4 * on_device
     assert counts("gpuprobe.layer.duration", model=family) == 2 * 2  # decode steps 2 and 4, two layers
     assert counts("gen_ai.client.token.usage", gen_ai_request_model=family) == 2
 
@@ -91,7 +97,7 @@ def test_sampling_runs_the_processors_transformers_builds(make_model):
         assert counts("gpuprobe.step.component.duration", component="logits_processor", processor=cls) == steps
 
 
-def test_beam_search_keeps_its_output_and_counts_steps(make_model):
+def test_beam_search_keeps_its_output_and_counts_steps(make_model, device_backend):
     model = make_model("llama")
     ids = prompt(batch=2)
     kw = dict(num_beams=3, num_return_sequences=2, max_new_tokens=5, min_new_tokens=5)
@@ -99,7 +105,8 @@ def test_beam_search_keeps_its_output_and_counts_steps(make_model):
     instrument(model, model_name="m")
     out = model.generate(ids, **kw)
     assert torch.equal(ref, out)
-    assert counts("gpuprobe.step.duration", model="m", phase="decode") == 4
+    assert counts("gpuprobe.step.duration", model="m", phase="decode", clock="host") == 4
+    assert counts("gpuprobe.step.duration", model="m", phase="decode", clock="device") == 4 * (device_backend is not None)
     assert counts("gpuprobe.step.batch_size", model="m") == 1
     assert sums("gpuprobe.step.batch_size", model="m") == 2 * 3  # beams are sequences the model runs
     assert sums("gen_ai.client.token.usage", **{"gen_ai.token.type": "output"}) == 4 * 5
