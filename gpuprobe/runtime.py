@@ -75,6 +75,7 @@ class Runtime:
 
     def __init__(self, settings: config.Config) -> None:
         self._settings = settings
+        self.buffer_size = settings.buffer_size  # read on hot paths: a plain attribute, not a property
         self.lock = threading.RLock()  # held while records are applied and aggregates read
         self.registry = Registry(settings.max_label_values)
         self.buffers = RecordBuffers()
@@ -132,6 +133,7 @@ class Runtime:
         """Apply ``settings``: swap the backends snapshot and rebind every prepared probe to it."""
         with self.lock:
             self._settings = settings
+            self.buffer_size = settings.buffer_size
             self.registry.max_label_values = settings.max_label_values
             self.lifecycle.set_interval(settings.collect_interval)
             self._backends = None
@@ -165,7 +167,7 @@ class Runtime:
         """Record ``value`` for ``series`` (anything with ``apply``) from any thread."""
         records = self.buffers.for_this_thread()
         records.append((series.apply, value))
-        if len(records) >= self._settings.buffer_size:
+        if len(records) >= self.buffer_size:
             self.drain()
 
     def add_pending(self, series: Any, token: Any) -> None:
@@ -174,7 +176,7 @@ class Runtime:
 
     def drain_if_full(self, records: deque[Record]) -> None:
         """Drain when ``records`` (a thread's deque) has reached ``buffer_size``."""
-        if len(records) >= self._settings.buffer_size:
+        if len(records) >= self.buffer_size:
             self.drain()
 
     # -- collection -----------------------------------------------------------------------------

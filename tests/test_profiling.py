@@ -140,7 +140,9 @@ def test_sampler_reuses_one_worker_and_ends_it(model) -> None:  # type: ignore[n
     import threading
 
     sampler = KernelSampler(every=2).attach()
-    run_steps(model, 7)  # samples at 2, 4, 6
+    for _ in range(7):  # samples at 2, 4, 6
+        run_steps(model, 1)
+        sampler.wait()  # the previous sample is read before the next one ends (none is skipped)
     workers = [t for t in threading.enumerate() if t.name == "gpuprobe-kernels"]
     sampler.detach()
     assert sampler.samples == 3

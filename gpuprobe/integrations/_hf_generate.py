@@ -402,10 +402,12 @@ class ModelState:
         rt = self.rt
         # The global step counter marks step starts (profile windows, snapshot triggers); hooks
         # such as a profiler start are kept out of the step's own time.
-        hooked = bool(rt.steps.hooks)
-        rt.advance_step()
-        if hooked:
+        steps = rt.steps
+        if steps.hooks:
+            steps.advance()
             t = perf_counter_ns()
+        else:
+            steps.advance()
         ctx.step += 1
         ctx.step_open = True
         ctx.step_t0 = t
@@ -475,7 +477,8 @@ class ModelState:
         # gauges keep only the last value anyway, and every call ends with a reading.
         if ctx.step % self.memory_every == 0 and (self.memory or self.kv_cache):
             self.read_gauges(ctx)
-        self.rt.drain_if_full(records)
+        if len(records) >= self.rt.buffer_size:
+            self.rt.drain()
 
     # -- the call ----------------------------------------------------------------------------
     def generate(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
