@@ -53,7 +53,7 @@ class Lifecycle:
         warn: the runtime's warn-once, ``(key, message)``.
     """
 
-    def __init__(self, round_: Callable[[], None], warn: Warn) -> None:
+    def __init__(self, round_: Callable[[], object], warn: Warn) -> None:
         self._round = round_
         self._warn = warn
         self._lock = threading.Lock()

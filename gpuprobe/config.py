@@ -134,12 +134,10 @@ class Setting:
     parse: Parser
     doc: str
     optional: bool = False
-    shown_default: str | None = None  # how the docs show the default, when ``repr`` would not do
 
 
-def _setting(env: str, parse: Parser, default: Any, doc: str, *, optional: bool = False,
-             shown_default: str | None = None) -> Any:
-    return dataclasses.field(default=default, metadata={"setting": Setting(env, parse, doc, optional, shown_default)})
+def _setting(env: str, parse: Parser, default: Any, doc: str, *, optional: bool = False) -> Any:
+    return dataclasses.field(default=default, metadata={"setting": Setting(env, parse, doc, optional)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,10 +271,8 @@ def settings_table() -> str:
     lines = ["| variable | keyword | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(Config):
         s: Setting = f.metadata["setting"]
-        default = s.shown_default
-        if default is None:
-            value: Any = f.default
-            default = "none" if value is None else ("1" if value is True else "0" if value is False else str(value))
+        value: Any = f.default
+        default = "none" if value is None else ("1" if value is True else "0" if value is False else str(value))
         lines.append(f"| `{s.env}` | `{f.name}` | {default} | {s.doc} |")
     return "\n".join(lines)
 

@@ -82,7 +82,7 @@ class Runtime:
         self.pending = PendingTimings()
         self.capture = CaptureGuard()
         self.steps = StepClock(self._hook_failed)
-        self.lifecycle = Lifecycle(self._background_round, self.warn_once)
+        self.lifecycle = Lifecycle(self.drain, self.warn_once)  # a background round: drain, then ticks
         self.lifecycle.interval = settings.collect_interval
         self.snapshot_triggers: memory.SnapshotTriggers | None = None
         self._warned: set[str] = set()
@@ -203,9 +203,6 @@ class Runtime:
         with self.lock:
             self.drain()
             return self.registry.snapshot()
-
-    def _background_round(self) -> None:
-        self.drain()
 
     # -- problems: counted, warned once, never raised ----------------------------------------------
     def drop(self, reason: str, n: int = 1) -> None:
