@@ -75,7 +75,8 @@ for r in range(repeats):
             gpuprobe.disable()
         n = calls // 20 if ("OTel" in name or "record_function" in name) else calls
         samples[name].append(run(fn, n))
-        gpuprobe.enable()
+        if name == "@probe runtime-disabled":
+            gpuprobe.enable()  # (with GPUPROBE_DISABLE=1, enable() refuses: nothing was installed)
 print(json.dumps({"info": gpuprobe.info(), "median_ns": {k: statistics.median(v) for k, v in samples.items()},
                   "spread_ns": {k: (min(v), max(v)) for k, v in samples.items()}}))
 """
