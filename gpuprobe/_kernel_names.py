@@ -16,6 +16,11 @@ __all__ = [
     "kernel_family",
     "short_kernel_name",
     "launch_api_kind",
+    "host_sync_api",
+    "graph_launch_api",
+    "categorize_cpu_op",
+    "WOULD_SYNC_OPS",
+    "CONCAT_OPS",
     "memcpy_direction",
     "strip_api_version",
 ]
@@ -318,6 +323,100 @@ def launch_api_kind(name: str) -> str:
     if "Synchronize" in base:
         return "sync"
     return "other"
+
+
+def _api_base(name: str) -> str:
+    base = strip_api_version(name)
+    for suffix in ("_ptsz", "_ptds"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    return base
+
+
+# Copies that return only once the data has arrived: the host waits for the device.
+# hipMemcpyWithStream is synchronous too (HIP: "returns once the copy is complete").
+_SYNC_COPIES = frozenset(
+    {"cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "hipMemcpy", "hipMemcpyWithStream", "cuMemcpyDtoH", "cuMemcpyHtoD"}
+)
+_GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"})
+
+
+@functools.lru_cache(maxsize=4096)
+def host_sync_api(name: str) -> bool:
+    """Whether a runtime or driver API call blocks the host until the device catches up.
+
+    True for every ``cuda*``, ``cu*`` and ``hip*`` call whose name (version suffix stripped) ends in
+    ``Synchronize``, and for the synchronous copies ``cudaMemcpy``, ``cudaMemcpy2D``,
+    ``cudaMemcpy3D``, ``hipMemcpy``, ``hipMemcpyWithStream``, ``cuMemcpyDtoH`` and ``cuMemcpyHtoD``.
+
+    Example:
+        >>> host_sync_api("cudaStreamSynchronize"), host_sync_api("cuMemcpyDtoH_v2"), host_sync_api("cudaMemcpyAsync")
+        (True, True, False)
+    """
+    base = _api_base(name)
+    if not base.startswith(("cuda", "cu", "hip")):
+        return False
+    return base.endswith("Synchronize") or base in _SYNC_COPIES
+
+
+@functools.lru_cache(maxsize=1024)
+def graph_launch_api(name: str) -> bool:
+    """Whether an API call replays a CUDA (or HIP) graph.
+
+    Example:
+        >>> graph_launch_api("cudaGraphLaunch_v10000"), graph_launch_api("cudaLaunchKernel")
+        (True, False)
+    """
+    return _api_base(name) in _GRAPH_LAUNCHES
+
+
+#: ATen operators that force a device-to-host synchronization when their input lives on an
+#: accelerator: the result (a scalar, or a shape that depends on the data) must reach the host.
+WOULD_SYNC_OPS: frozenset[str] = frozenset(
+    {
+        "aten::item",  # holds aten::_local_scalar_dense; nested ones count once
+        "aten::is_nonzero",  # bool(t)
+        "aten::_local_scalar_dense",  # .item(), bool(t), int(t), float(t)
+        "aten::nonzero",
+        "aten::masked_select",
+        "aten::unique",
+        "aten::_unique",
+        "aten::_unique2",
+        "aten::unique_dim",
+        "aten::unique_consecutive",
+        "aten::unique_dim_consecutive",
+        "aten::repeat_interleave",
+    }
+)
+
+#: ATen operators that concatenate (a dynamic KV cache grows by concatenation every step).
+CONCAT_OPS: frozenset[str] = frozenset({"aten::cat", "aten::_cat", "aten::concat", "aten::concatenate"})
+
+_GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "_int_mm"})
+_POINTWISE_OPS = frozenset(
+    {
+        "add", "add_", "mul", "mul_", "sub", "div", "neg", "pow", "rsqrt", "sqrt", "exp", "silu", "gelu",
+        "relu", "tanh", "sigmoid", "where", "masked_fill", "masked_fill_", "clamp", "lt", "gt", "eq", "ne",
+        "ge", "le", "bitwise_and", "bitwise_or", "bitwise_not", "fill_", "zero_", "logical_and", "cos", "sin",
+    }
+)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def categorize_cpu_op(name: str) -> str:
+    """The category of the GPU work an ATen operator stands for (``aten::mm`` is ``gemm``).
+
+    Example:
+        >>> categorize_cpu_op("aten::addmm"), categorize_cpu_op("aten::mul"), categorize_cpu_op("aten::_softmax")
+        ('gemm', 'elementwise', 'softmax')
+    """
+    short = name.split("::", 1)[-1]
+    if short in _GEMM_OPS:
+        return "gemm"
+    category = categorize_kernel(name)
+    if category == "other" and short in _POINTWISE_OPS:
+        return "elementwise"
+    return category
 
 
 @functools.lru_cache(maxsize=1024)

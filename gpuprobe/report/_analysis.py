@@ -11,7 +11,7 @@ import dataclasses
 import os
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from gpuprobe._kernel_names import CATEGORIES, categorize_kernel, kernel_family, launch_api_kind, short_kernel_name
@@ -26,7 +26,9 @@ from gpuprobe.report._columns import (
     quantile,
     spread_of,
 )
+from gpuprobe.report._diagnosis import Evidence, StepSpan, gather
 from gpuprobe.report._events import MEMSET, TraceInfo
+from gpuprobe.report._findings import evaluate, parse_thresholds
 from gpuprobe.report._scan import EVENT_KIND, GpuOpKind, TraceScan
 from gpuprobe.report.loaders import Trace, load
 from gpuprobe.report.model import (
@@ -81,6 +83,8 @@ class Options:
         sections: Sections to compute; empty means all.
         backend: ``"auto"`` (plain Python for small traces, numpy for large ones), ``"numpy"`` or
             ``"python"``; all give the same report.
+        thresholds: Every finding threshold (defaults of
+            :data:`~gpuprobe.report._findings.THRESHOLDS` with overrides); ``None`` for the defaults.
     """
 
     top: int = 20
@@ -88,6 +92,7 @@ class Options:
     small_ns: int = 5_000
     sections: tuple[str, ...] = ()
     backend: str = "auto"
+    thresholds: Mapping[str, float] | None = None
 
     def wants(self, section: str) -> bool:
         return not self.sections or section in self.sections
@@ -103,6 +108,7 @@ def analyze(
     engine: str = "stdlib",
     backend: str = "auto",
     progress: Callable[[int, int], None] | None = None,
+    thresholds: Mapping[str, float] | Sequence[str] | None = None,
 ) -> Report:
     """Read a trace in one streaming pass and compute the report sections.
 
@@ -117,13 +123,16 @@ def analyze(
         backend: ``"auto"``, ``"numpy"`` or ``"python"``: how columns are crunched after the pass
             (the same report either way; ``auto`` takes numpy for large traces).
         progress: Called with ``(done, total)`` bytes (rows for nsys) while reading.
+        thresholds: Overrides of finding thresholds, ``{"host_sync.per_step": 2}`` or
+            ``["host_sync.per_step=2"]`` (names: ``gpuprobe.report._findings.THRESHOLDS``).
 
     Returns:
         The :class:`Report`.
 
     Raises:
         ReportInputError: The file is missing, empty, truncated, invalid, or not a trace.
-        ConfigError: An unknown section, backend or engine, or a bad step pattern (a ``ValueError``).
+        ConfigError: An unknown section, backend, engine or threshold, or a bad step pattern (a
+            ``ValueError``).
 
     Example:
         >>> report = analyze("tests/data/kineto_min.json")  # doctest: +SKIP
@@ -140,6 +149,7 @@ def analyze(
             re.compile(step_pattern)
         except re.error as exc:
             raise ConfigError(f"bad step pattern {step_pattern!r}: {exc}") from None
+    limits = parse_thresholds(thresholds if not isinstance(thresholds, str) else [thresholds])
     trace = path if isinstance(path, Trace) else load(path, engine=engine)
     wants_timeline = not sections or "timeline" in sections
     scan = TraceScan(
@@ -153,6 +163,7 @@ def analyze(
         small_ns=int(round(small_us * 1000)),
         sections=tuple(sections),
         backend=backend,
+        thresholds=limits,
     )
     return build_report(scan, options, trace.path, trace.info)  # trace.info is complete once events ran out
 
@@ -311,36 +322,68 @@ class _Sections:
 
     def build(self, path: str, info: TraceInfo) -> Report:
         o = self.options
+        # findings read every section: with findings asked for, all are computed, and those not
+        # asked for are dropped at the end
+        findings = o.wants("findings")
+
+        def want(section: str) -> bool:
+            return findings or o.wants(section)
+
         groups = self.cols.kernel_groups()
         regex, pattern = self._step_regex()
         ranges, step_spans = self._ranges(regex)
         steps, step_windows = self._steps(step_spans, pattern)
         report = Report(summary=self._summary(path, info, steps))
-        if o.wants("kernels"):
+        if want("kernels"):
             report.kernels = self._kernels_section(groups, lambda cat: True)
-        if o.wants("categories"):
+        if want("categories"):
             report.categories = self._categories(steps)
-        if o.wants("families"):
+        if want("families"):
             report.families = self._families(groups, self._family_spreads(steps, step_windows))
-        if o.wants("non_gemm"):
+        if want("non_gemm"):
             report.non_gemm = self._kernels_section(groups, lambda cat: cat != "gemm")
-        if o.wants("attention"):
+        if want("attention"):
             report.attention = self._kernels_section(groups, lambda cat: cat == "attention")
-        if o.wants("launches"):
+        if want("launches"):
             report.launches = self._launches(steps)
-        if o.wants("memory"):
+        if want("memory"):
             report.memory = self._memory()
-        if o.wants("ranges"):
+        if want("ranges"):
             report.ranges = ranges
-        if o.wants("steps"):
+        if want("steps"):
             report.steps = steps
-        if o.wants("small_ops"):
+        if want("small_ops"):
             report.small_ops = self._small_ops(groups)
-        if o.wants("timeline"):
+        if want("timeline"):
             report.timeline = self._timeline()
-        if o.wants("cpu_ops"):
+        if want("cpu_ops"):
             report.cpu_ops = self._cpu_ops()
+        if want("idle") or want("flops"):
+            evidence = self._evidence(step_spans, steps, step_windows)
+            report.idle = evidence.idle
+            report.flops = evidence.flops
+            if findings:
+                report.findings = evaluate(report, evidence, dict(o.thresholds or parse_thresholds(None)))
+        if findings:
+            for section in SECTIONS:
+                if section != "summary" and not o.wants(section):
+                    setattr(report, section, None)
         return report
+
+    def _evidence(self, step_spans: list[_StepSpan], steps: StepsSection, step_windows: list[Windows]) -> Evidence:
+        spans = [
+            StepSpan(
+                index=row.index,
+                phase=row.phase,
+                thread=span.thread,
+                start=span.start,
+                end=span.start + span.dur,
+                op_windows=wins,
+            )
+            for span, row, wins in zip(step_spans, steps.rows, step_windows)
+        ]
+        display = [_STEP_NUMBER.sub("#N", n) for n in self.range_name_list]
+        return gather(self.scan, self.cols, spans, self.gpu_name_list, display)
 
     # -------------------------------------------------------------- summary
 

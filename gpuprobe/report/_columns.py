@@ -33,6 +33,7 @@ __all__ = [
     "MemoryGroup",
     "NumpyColumns",
     "OpRow",
+    "OpRows",
     "PythonColumns",
     "Spread",
     "Windows",
@@ -128,6 +129,29 @@ class OpRow:
         self.start = start
         self.dur = dur
         self.stream_id = stream_id
+
+
+class OpRows:
+    """GPU operations of some windows, as plain lists (``launch_end``: when their launch call returned)."""
+
+    __slots__ = ("start", "end", "launch_end", "name_id", "kind", "category")
+
+    def __init__(
+        self,
+        *,
+        start: list[int],
+        end: list[int],
+        launch_end: list[int],
+        name_id: list[int],
+        kind: list[int],
+        category: list[int],
+    ) -> None:
+        self.start = start
+        self.end = end
+        self.launch_end = launch_end
+        self.name_id = name_id
+        self.kind = kind
+        self.category = category
 
 
 class ByThread(Protocol):
@@ -437,6 +461,28 @@ class PythonColumns:
             seen.update(f for f, v in sums.items() if v)
         return {f: spread_of(sorted(s.get(f, 0) for s in per_step)) for f in seen}
 
+    def kernel_ns_between(self, thread: int, starts: list[int], ends: list[int]) -> list[int]:
+        """Per ``[start, end]``: kernel ns of the GPU operations launched from ``thread`` in it."""
+        lo_b, hi_b = self.ops_by_launch.bounds(thread)
+        col, cum = self.ops_by_launch.start, self.cum_kernel_ns
+        return [
+            cum[bisect.bisect_right(col, e, lo_b, hi_b)] - cum[bisect.bisect_left(col, s, lo_b, hi_b)]
+            for s, e in zip(starts, ends)
+        ]
+
+    def window_ops(self, wins: Windows) -> OpRows:
+        """The GPU operations in the windows (of :attr:`ops_by_launch`), as lists."""
+        ops = self._ops(wins)
+        launch = [self.op_launch[i] for i in ops]
+        return OpRows(
+            start=[self.op_start[i] for i in ops],
+            end=[self.op_end[i] for i in ops],
+            launch_end=[self.launch_start[j] + self.launch_dur[j] for j in launch],
+            name_id=[self.op_name_id[i] for i in ops],
+            kind=[self.op_kind[i] for i in ops],
+            category=[self.op_category[i] for i in ops],
+        )
+
     def range_order(self) -> list[int]:
         """Range positions by (thread, start, longest first)."""
         return sorted(
@@ -686,6 +732,29 @@ class NumpyColumns:
                 np.add.at(matrix[row], column[fam_of[self.op_name_id[idx]]], self.op_dur[idx])
         present = matrix[:, :-1].any(axis=0)
         return {int(keep[j]): spread_of(np.sort(matrix[:, j])) for j in np.flatnonzero(present).tolist()}
+
+    def kernel_ns_between(self, thread: int, starts: list[int], ends: list[int]) -> list[int]:
+        np = self.np
+        lo_b, hi_b = self.ops_by_launch.bounds(thread)
+        col = self.ops_by_launch.start[lo_b:hi_b]
+        lo = lo_b + np.searchsorted(col, np.asarray(starts, dtype=np.int64), "left")
+        hi = lo_b + np.searchsorted(col, np.asarray(ends, dtype=np.int64), "right")
+        return (self.cum_kernel_ns[hi] - self.cum_kernel_ns[lo]).tolist()
+
+    def window_ops(self, wins: Windows) -> OpRows:
+        if not wins:
+            return OpRows(start=[], end=[], launch_end=[], name_id=[], kind=[], category=[])
+        idx = self.linked_ops[self._sel(wins)]
+        starts = self.op_start[idx]
+        launch = self.op_launch[idx]
+        return OpRows(
+            start=starts.tolist(),
+            end=(starts + self.op_dur[idx]).tolist(),
+            launch_end=(self.launch_start[launch] + self.launch_dur[launch]).tolist(),
+            name_id=self.op_name_id[idx].tolist(),
+            kind=self.op_kind[idx].tolist(),
+            category=self.op_category[idx].tolist(),
+        )
 
     def range_order(self) -> list[int]:
         np = self.np

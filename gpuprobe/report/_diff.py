@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuprobe.errors import ConfigError
 from gpuprobe.report._analysis import analyze
-from gpuprobe.report.model import Report
+from gpuprobe.report._findings import order, parse_thresholds
+from gpuprobe.report.model import Finding, Report
 
 __all__ = ["DiffRow", "DiffReport", "diff", "NORMALIZE"]
 
 #: Normalisations of :func:`diff`.
 NORMALIZE: tuple[str, ...] = ("step", "token", "none")
-_DIFF_SECTIONS = ("categories", "families", "ranges", "memory", "steps", "cpu_ops", "launches")
+_DIFF_SECTIONS = ("findings", "categories", "families", "ranges", "memory", "steps", "cpu_ops", "launches")
 _ALL = 1_000_000  # rows kept per section while comparing; the diff itself shows ``top``
 
 
@@ -56,15 +57,22 @@ class DiffReport:
     ranges: list[DiffRow]
     memory: list[DiffRow]
     cpu_ops: list[DiffRow]
+    findings: list[Finding] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-serializable values.
+        """Plain JSON-serializable values; ``findings`` first.
 
         Example:
             >>> import json
             >>> json.dumps(diff("a.json", "b.json").to_dict())  # doctest: +SKIP
         """
-        return {"schema": "gpuprobe.diff/1", **dataclasses.asdict(self)}
+        body = dataclasses.asdict(self)
+        findings = body.pop("findings")
+        out: dict[str, Any] = {"schema": "gpuprobe.diff/1"}
+        if findings is not None:
+            out["findings"] = findings
+        out.update(body)
+        return out
 
 
 def _row(key: str, metric: str, a: float | None, b: float | None, ua: float, ub: float, **extra: Any) -> DiffRow:
@@ -111,6 +119,7 @@ def diff(
     step_pattern: str | None = None,
     engine: str = "stdlib",
     progress: Callable[[int, int], None] | None = None,
+    thresholds: Mapping[str, float] | Sequence[str] | None = None,
 ) -> DiffReport:
     """Compare two traces: overview, categories, kernel families, ranges, memory, CPU operators.
 
@@ -128,9 +137,12 @@ def diff(
         step_pattern: As in :func:`gpuprobe.report.analyze`.
         engine: As in :func:`gpuprobe.report.analyze`.
         progress: As in :func:`gpuprobe.report.analyze`.
+        thresholds: As in :func:`gpuprobe.report.analyze`; the ``regression.*`` ones decide which
+            categories and families have regressed.
 
     Returns:
-        The :class:`DiffReport`.
+        The :class:`DiffReport`; its ``findings`` are the regressions and the findings of B that A
+        does not have.
 
     Raises:
         ReportInputError: A trace cannot be read.
@@ -144,18 +156,29 @@ def diff(
     """
     if normalize not in NORMALIZE:
         raise ConfigError(f"normalize must be one of {', '.join(NORMALIZE)}, not {normalize!r}")
+    limits = parse_thresholds(thresholds if not isinstance(thresholds, str) else [thresholds])
 
     def get(x: str | os.PathLike[str] | Report) -> Report:
         if isinstance(x, Report):
             return x
         return analyze(
-            x, top=_ALL, sections=_DIFF_SECTIONS, step_pattern=step_pattern, engine=engine, progress=progress
+            x,
+            top=_ALL,
+            sections=_DIFF_SECTIONS,
+            step_pattern=step_pattern,
+            engine=engine,
+            progress=progress,
+            thresholds=limits,
         )
 
     ra, rb = get(a), get(b)
     warnings = [f"A: {w}" for w in ra.summary.warnings] + [f"B: {w}" for w in rb.summary.warnings]
     ua = _units(ra, normalize, tokens_a, "A", warnings)
     ub = _units(rb, normalize, tokens_b, "B", warnings)
+    categories = _categories(ra, rb, ua, ub)
+    families = _families(ra, rb, ua, ub)
+    overview = _overview(ra, rb, ua, ub)
+    findings = _regressions(overview, categories, families, ub, limits) + _new_findings(ra, rb)
     return DiffReport(
         a_path=ra.summary.path,
         b_path=rb.summary.path,
@@ -163,13 +186,63 @@ def diff(
         a_units=ua,
         b_units=ub,
         warnings=warnings,
-        overview=_overview(ra, rb, ua, ub),
-        categories=_categories(ra, rb, ua, ub),
-        families=_by_delta(_families(ra, rb, ua, ub), top),
+        overview=overview,
+        categories=categories,
+        families=_by_delta(families, top),
         ranges=_by_delta(_ranges(ra, rb, ua, ub), top),
         memory=_memory(ra, rb, ua, ub),
         cpu_ops=_by_delta(_cpu_ops(ra, rb, ua, ub), top),
+        findings=order(findings),
     )
+
+
+_REGRESSION_KEYS = ("GPU busy", "kernel time", "launch API time", "CPU time in steps", "sync time")
+
+
+def _regressions(
+    overview: list[DiffRow], categories: list[DiffRow], families: list[DiffRow], ub: float, t: dict[str, float]
+) -> list[Finding]:
+    """One finding per overview time, category or family that got slower beyond the thresholds."""
+    out: list[Finding] = []
+    candidates = [("overview", r) for r in overview if r.key in _REGRESSION_KEYS]
+    candidates += [("categories", r) for r in categories]
+    candidates += [("families", r) for r in sorted(families, key=lambda r: -(r.delta or 0.0))[:5]]
+    for section, r in candidates:
+        if r.metric != "ns" or r.a is None or r.b is None or r.delta is None:
+            continue
+        ratio = r.ratio if r.ratio is not None else float("inf")
+        if ratio < t["regression.ratio"] or r.delta < t["regression.min_ns"]:
+            continue
+        ratio_text = f"{ratio:.2f}x" if r.ratio is not None else "new"
+        out.append(
+            Finding(
+                id="regression",
+                severity="critical" if ratio >= t["regression.critical_ratio"] else "warning",
+                title=f"{r.key} ({section}) got slower: {r.a / 1e3:.1f} → {r.b / 1e3:.1f} µs per unit ({ratio_text})",
+                evidence={
+                    "at_stake_ns": int(r.delta * ub),
+                    "section": section,
+                    "key": r.key,
+                    "a_ns": r.a,
+                    "b_ns": r.b,
+                    "delta_ns": r.delta,
+                    "ratio": r.ratio,
+                },
+                remedy="Compare the two traces' kernels and ranges for this entry (the sections below); "
+                "a new kernel family or more launches per step usually explains it.",
+            )
+        )
+    return out
+
+
+def _new_findings(ra: Report, rb: Report) -> list[Finding]:
+    """B's findings whose rule found nothing in A."""
+    seen = {f.id for f in ra.findings or []}
+    return [
+        dataclasses.replace(f, title=f"New in B: {f.title}", evidence={**f.evidence, "new_in": "B"})
+        for f in rb.findings or []
+        if f.id not in seen
+    ]
 
 
 def _overview(ra: Report, rb: Report, ua: float, ub: float) -> list[DiffRow]:

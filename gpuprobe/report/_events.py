@@ -16,6 +16,7 @@ __all__ = [
     "RANGE",
     "GPU_RANGE",
     "PYTHON",
+    "GPU_SYNC",
     "KINDS",
     "TraceInfo",
     "us_to_ns",
@@ -31,8 +32,9 @@ CPU_OP = "cpu_op"
 RANGE = "range"
 GPU_RANGE = "gpu_range"
 PYTHON = "python"
+GPU_SYNC = "gpu_sync"
 #: Every event kind, in report order.
-KINDS: tuple[str, ...] = (KERNEL, MEMCPY, MEMSET, RUNTIME, CPU_OP, RANGE, GPU_RANGE, PYTHON)
+KINDS: tuple[str, ...] = (KERNEL, MEMCPY, MEMSET, RUNTIME, CPU_OP, RANGE, GPU_RANGE, PYTHON, GPU_SYNC)
 
 #: Times, sizes and ids stay below this magnitude, so that a start plus a duration fits in int64.
 LIMIT = 1 << 62
@@ -56,6 +58,10 @@ class Event:
         stream: CUDA stream of a GPU event; -1 if unknown.
         device: Device of a GPU event; -1 if unknown.
         direction: Direction of a memcpy (``HtoD``, ``DtoH``, ``DtoD``, ...); empty otherwise.
+        flops: Floating-point operations of a CPU operator (kineto's ``flops``, recorded with
+            ``with_flops=True``); -1 if unknown.
+        elements: Elements of the tensor inputs of a concatenation operator (``aten::cat``,
+            recorded with ``record_shapes=True``); -1 if unknown.
 
     Example:
         >>> Event("kernel", "k", 1_012_000, 18_304).end_ns
@@ -73,6 +79,8 @@ class Event:
     stream: int = -1
     device: int = -1
     direction: str = ""
+    flops: int = -1
+    elements: int = -1
 
     @property
     def end_ns(self) -> int:

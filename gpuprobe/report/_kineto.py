@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import IO, Any
 
-from gpuprobe._kernel_names import memcpy_direction
+from gpuprobe._kernel_names import CONCAT_OPS, memcpy_direction
 from gpuprobe.report._events import (
     CPU_OP,
     GPU_RANGE,
+    GPU_SYNC,
     KERNEL,
     LIMIT,
     MEMCPY,
@@ -335,6 +336,7 @@ _CAT_KIND = {
     "User Annotation": RANGE,
     "gpu_user_annotation": GPU_RANGE,
     "python_function": PYTHON,
+    "cuda_sync": GPU_SYNC,
 }
 _NO_ARGS: dict[str, Any] = {}
 
@@ -377,18 +379,99 @@ def to_event(raw: Any) -> Event | None:
     # why: Event is built from positional arguments (its field order: kind, name, start_ns, dur_ns,
     # pid, tid, correlation, nbytes, stream, device, direction), once per event: 0.22 µs against 0.68 µs
     # with keywords
-    if kind is CPU_OP or kind is RANGE or kind is PYTHON or kind is GPU_RANGE:
+    if kind is CPU_OP:
+        flops = args.get("flops")
+        if flops is None and name in _FLOP_OPS:  # torch 2.x exports shapes, not its FLOP counts
+            count = _flops_from_shapes(name, args.get("Input Dims"))
+            flops = count if count >= 0 else None
+        if name in CONCAT_OPS:  # with record_shapes, the elements it concatenates
+            elements = _input_elements(args.get("Input Dims"))
+            return Event(
+                kind, name, start, dur, pid, tid, -1, -1, -1, -1, "", -1 if flops is None else _flops(flops), elements
+            )
+        if flops is None:
+            return Event(kind, name, start, dur, pid, tid)
+        return Event(kind, name, start, dur, pid, tid, -1, -1, -1, -1, "", _flops(flops))
+    if kind is RANGE or kind is PYTHON or kind is GPU_RANGE:
         return Event(kind, name, start, dur, pid, tid)
     corr = int_or(args.get("correlation"))
     if kind is RUNTIME:
         return Event(kind, name, start, dur, pid, tid, corr)
     stream = int_or(args.get("stream"), tid if type(tid) is int else -1)
     device = int_or(args.get("device"), pid if type(pid) is int else -1)
-    if kind is KERNEL:
+    if kind is KERNEL or kind is GPU_SYNC:
         return Event(kind, name, start, dur, pid, tid, corr, -1, stream, device)  # nbytes -1: unknown
     nbytes = int_or(args.get("bytes"))
     direction = memcpy_direction(name) if kind is MEMCPY else ""
     return Event(kind, name, start, dur, pid, tid, corr, nbytes, stream, device, direction)
+
+
+# matrix products: (position of the first factor among the inputs, batched)
+_GEMM_FLOPS = {"aten::mm": (0, False), "aten::addmm": (1, False), "aten::bmm": (0, True), "aten::baddbmm": (1, True)}
+# elementwise operators torch.profiler counts: one FLOP per element of the first input
+_ELEMENTWISE_FLOPS = frozenset({"aten::add", "aten::mul"})
+_FLOP_OPS = frozenset(_GEMM_FLOPS) | _ELEMENTWISE_FLOPS
+
+
+def _flops_from_shapes(name: str, dims: Any) -> int:
+    """FLOPs of an operator from its ``Input Dims``, with torch.profiler's formulas
+    (``with_flops=True``): 2·M·K·N (times the batch) for a matrix product, the elements of the first
+    input for ``add`` and ``mul``; -1 if the shapes are missing or malformed.
+
+    Example:
+        >>> _flops_from_shapes("aten::addmm", [[64], [3, 64], [64, 32]]), _flops_from_shapes("aten::bmm", [[2, 3, 4], [2, 4, 5]])
+        (12288, 240)
+        >>> _flops_from_shapes("aten::mul", [[2, 3], []])
+        6
+    """
+    if name in _ELEMENTWISE_FLOPS:
+        if type(dims) is not list or not dims or type(dims[0]) is not list:
+            return -1
+        n = 1
+        for d in dims[0]:
+            if type(d) is not int or d < 0:
+                return -1
+            n *= d
+        return n if n < LIMIT else -1
+    first, batched = _GEMM_FLOPS[name]
+    if type(dims) is not list or len(dims) < first + 2:
+        return -1
+    a, b = dims[first], dims[first + 1]
+    rank = 3 if batched else 2
+    if type(a) is not list or type(b) is not list or len(a) != rank or len(b) != rank:
+        return -1
+    if not all(type(d) is int and d >= 0 for d in a + b):
+        return -1
+    count = 2 * a[-2] * a[-1] * b[-1] * (a[0] if batched else 1)
+    return count if count < LIMIT else -1
+
+
+def _input_elements(dims: Any) -> int:
+    """Elements of the tensor inputs of an operator from its ``Input Dims`` (nested for a tensor
+    list, as ``aten::cat`` has); -1 if there are none or they are malformed."""
+    if type(dims) is not list:
+        return -1
+    total = 0
+    stack = list(dims)
+    while stack:
+        shape = stack.pop()
+        if type(shape) is not list or not shape:
+            continue
+        if all(type(d) is int for d in shape):
+            n = 1
+            for d in shape:
+                n *= d
+            total += n
+        else:
+            stack.extend(shape)
+    return total if 0 < total < LIMIT else -1
+
+
+def _flops(value: Any) -> int:
+    if type(value) is int:
+        return value if 0 <= value < LIMIT else -1
+    number = number_to_int(value)
+    return number if number is not None and 0 <= number < LIMIT else -1
 
 
 def number_to_int(value: Any) -> int | None:

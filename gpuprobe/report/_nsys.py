@@ -39,6 +39,17 @@ _COPY_KIND = {
     9: "HtoH",
     10: "PtoP",
 }
+# Memory kinds of a copy's source and destination (the ENUM_CUDA_MEM_KIND table of the export,
+# when present, takes precedence); the labels are kineto's, so that both name copies alike.
+_MEMORY_KIND = {
+    0: "Pageable",
+    1: "Pinned",
+    2: "Device",
+    3: "Array",
+    4: "Managed",
+    5: "Device Static",
+    6: "Managed Static",
+}
 
 
 class NsysFormatError(Exception):
@@ -173,22 +184,30 @@ def iter_events(
                 code = label[len("CUDA_MEMCPY_KIND_") :]
                 if len(code) == 4 and code[1:3] == "TO":
                     directions[key] = f"{code[0]}to{code[3]}"
+    memory_kinds = dict(_MEMORY_KIND)
+    if "ENUM_CUDA_MEM_KIND" in tables:
+        for key, label in con.execute("SELECT id, label FROM ENUM_CUDA_MEM_KIND"):
+            if type(key) is int and isinstance(label, str) and label:
+                memory_kinds[key] = label
     for table, kind in ((MEMCPY_TABLE, MEMCPY), (MEMSET_TABLE, MEMSET)):
         if table not in tables:
             continue
         c = cols[table]
         sql = (
             f"SELECT start, end, {_col(c, 'correlationId')}, {_col(c, 'globalPid')}, {_col(c, 'deviceId')}, "
-            f"{_col(c, 'streamId')}, {_col(c, 'bytes')}, {_col(c, 'copyKind')} FROM {table}"
+            f"{_col(c, 'streamId')}, {_col(c, 'bytes')}, {_col(c, 'copyKind')}, {_col(c, 'srcKind')}, "
+            f"{_col(c, 'dstKind')} FROM {table}"
         )
-        for start, end, corr, gpid, device, stream, nbytes, copy_kind in rows(sql):
+        for start, end, corr, gpid, device, stream, nbytes, copy_kind, src_kind, dst_kind in rows(sql):
             if not _span(start, end):
                 info.skipped_events += 1
                 continue
             stream = int_or(stream)
             if kind == MEMCPY:
                 direction = directions.get(copy_kind, "unknown")  # type: ignore[arg-type]
-                name = f"Memcpy {direction}"
+                src, dst = memory_kinds.get(src_kind), memory_kinds.get(dst_kind)  # type: ignore[arg-type]
+                # named as kineto names copies, "Memcpy HtoD (Pageable -> Device)", where the kinds are known
+                name = f"Memcpy {direction} ({src} -> {dst})" if src and dst else f"Memcpy {direction}"
             else:
                 direction = ""
                 name = "Memset"

@@ -42,6 +42,7 @@ class _Unit(enum.Enum):
     BYTES = "bytes"
     GBPS = "gbps"
     RATIO = "ratio"
+    FLOP_RATE = "flop/s"
     BY_METRIC = "by metric"  # diff values: bytes, a count or ns, after the row's ``metric``
 
 
@@ -107,6 +108,74 @@ def _format_bytes(n: int | float | None) -> str:
     return f"{n:.0f} B"
 
 
+def _format_flop_rate(value: float) -> str:
+    for unit, size in (("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value:.0f} FLOP/s"
+
+
+def _scalar_evidence(evidence: dict[str, Any], prefix: str = "") -> str:
+    parts = []
+    for key, value in evidence.items():
+        if isinstance(value, dict) and not prefix:  # one level down: by_api.cudaStreamSynchronize=8
+            inner = _scalar_evidence(value, f"{key}.")
+            if inner:
+                parts.append(inner)
+            continue
+        if isinstance(value, (dict, list)) or value is None:
+            continue
+        key = prefix + key
+        if isinstance(value, float):
+            text = f"{value:.3g}"
+        elif isinstance(value, int) and key.endswith("_ns"):
+            text = format_ns(value)
+        else:
+            text = str(value)
+        parts.append(f"{key}={text}")
+    return ", ".join(parts)
+
+
+def _offender_lines(evidence: dict[str, Any]) -> list[str]:
+    rows = evidence.get("top_offenders") or (evidence.get("would_sync_on_gpu") or {}).get("top_offenders") or []
+    return [
+        f"     {r['calls']:,} x {r['operator']} in {r['range']}"
+        + (f" ({r['per_step']:g} per step)" if r.get("per_step") is not None else "")
+        for r in rows
+    ]
+
+
+def _findings_table(findings: list[Any], markdown: bool) -> _Table:
+    lines: list[str] = []
+    for n, f in enumerate(findings, 1):
+        if markdown:
+            lines.append(f"- **{f.severity}** `{f.id}`: {f.title}")
+            lines.append(f"  - evidence: {_scalar_evidence(f.evidence)}")
+            lines.extend("  - " + line.strip() for line in _offender_lines(f.evidence))
+            lines.append(f"  - remedy: {f.remedy}")
+        else:
+            lines.append(f"{n}. [{f.severity}] {f.id}: {f.title}")
+            lines.append(f"   evidence: {_scalar_evidence(f.evidence)}")
+            lines.extend(_offender_lines(f.evidence))
+            lines.append(f"   remedy: {f.remedy}")
+    rows = [
+        {
+            "id": f.id,
+            "severity": f.severity,
+            "title": f.title,
+            "at_stake_ns": f.evidence.get("at_stake_ns", 0),
+            "remedy": f.remedy,
+            "evidence": json.dumps(f.evidence, sort_keys=True),
+        }
+        for f in findings
+    ]
+    columns = [
+        _Column(header=key, key=key, csv_only=True)
+        for key in ("id", "severity", "title", "at_stake_ns", "remedy", "evidence")
+    ]
+    return _Table(section="findings", title="Findings", columns=columns, rows=rows, lines=lines)
+
+
 def _human(value: Any, unit: _Unit, width: int | None) -> str:
     if value is None:
         return "-"
@@ -120,6 +189,8 @@ def _human(value: Any, unit: _Unit, width: int | None) -> str:
         return f"{value:.2f} GB/s"
     if unit is _Unit.RATIO:
         return f"{value:.2f}x"
+    if unit is _Unit.FLOP_RATE:
+        return _format_flop_rate(value)
     if unit is _Unit.FLOAT:
         return f"{value:.1f}"
     if unit is _Unit.INT:
@@ -145,9 +216,11 @@ def _get(row: Any, key: str) -> Any:
 # ---------------------------------------------------------------------------- report tables
 
 
-def _report_tables(report: Report) -> list[_Table]:
+def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
     s = report.summary
     tables: list[_Table] = []
+    if report.findings is not None:
+        tables.append(_findings_table(report.findings, markdown))
     lines = [f"warning: {w}" for w in s.warnings]
     lines += [
         f"trace: {s.path} ({s.source}{', ' + ', '.join(sorted(set(s.devices))) if s.devices else ''})",
@@ -378,12 +451,60 @@ def _report_tables(report: Report) -> list[_Table]:
                 lines=[f"{report.cpu_ops.count:,} operator calls"],
             )
         )
+    if report.idle is not None:
+        idle = report.idle
+        window = idle.window_ns
+
+        def pct(ns: int) -> str:
+            return f"{format_ns(ns)} ({ns / window * 100:.1f} %)" if window else format_ns(ns)
+
+        tables.append(
+            _Table(
+                section="idle",
+                title="GPU idle time" + (" per step" if idle.scope == "steps" else ""),
+                columns=[
+                    _Column(header="step", key="index", unit=_Unit.INT),
+                    _Column(header="window", key="window_ns", unit=_Unit.NS),
+                    _Column(header="busy", key="busy_ns", unit=_Unit.NS),
+                    _Column(header="idle: host launching", key="idle_launch_ns", unit=_Unit.NS),
+                    _Column(header="idle: host in sync", key="idle_sync_ns", unit=_Unit.NS),
+                    _Column(header="idle: other", key="idle_other_ns", unit=_Unit.NS),
+                ],
+                rows=idle.rows,
+                lines=[
+                    f"busy {pct(idle.busy_ns)}; idle while the host launches {pct(idle.idle_launch_ns)}, "
+                    f"while it waits in a sync {pct(idle.idle_sync_ns)}, other {pct(idle.idle_other_ns)}"
+                ],
+            )
+        )
+    if report.flops is not None:
+        fl = report.flops
+        tables.append(
+            _Table(
+                section="flops",
+                title="Achieved FLOP/s by category",
+                columns=[
+                    _Column(header="category", key="category"),
+                    _Column(header="FLOPs", key="flops", unit=_Unit.INT),
+                    _Column(header="time", key="time_ns", unit=_Unit.NS),
+                    _Column(header="achieved", key="flops_per_s", unit=_Unit.FLOP_RATE),
+                ],
+                rows=fl.categories,
+                lines=[f"{fl.total_flops:,} FLOPs recorded; time on the {fl.clock.upper()} clock"]
+                + [
+                    f"{r.operator}: {r.count:,} calls, {r.flops:,} FLOPs, {format_ns(r.time_ns)}, "
+                    + (_format_flop_rate(r.flops_per_s) if r.flops_per_s is not None else "-")
+                    for r in fl.rows[:10]
+                ],
+            )
+        )
     return tables
 
 
-def _diff_tables(d: DiffReport) -> list[_Table]:
+def _diff_tables(d: DiffReport, markdown: bool = False) -> list[_Table]:
     unit_word = {"step": "per step", "token": "per token", "none": "in all"}[d.normalize]
-    tables = [
+    tables = [_findings_table(d.findings, markdown)] if d.findings is not None else []
+    tables += [
         _Table(
             section="summary",
             title="Diff",
@@ -441,7 +562,8 @@ def _text(tables: list[_Table], top: int, markdown: bool) -> str:
     for table in tables:
         if markdown:
             out.append(f"## {table.title}\n")
-            out.extend(f"- {line}" for line in table.lines)
+            # findings are a list already; other sections' lines become one
+            out.extend(table.lines if table.section == "findings" else (f"- {line}" for line in table.lines))
         else:
             out.append(table.title)
             out.append("=" * len(table.title))
@@ -519,7 +641,8 @@ def render(report: Report | DiffReport, fmt: str = "text", top: int = 20) -> str
         return json.dumps(report.to_dict(), indent=1) + "\n"  # to_dict() holds plain JSON values only
     from gpuprobe.report._diff import DiffReport
 
-    tables = _diff_tables(report) if isinstance(report, DiffReport) else _report_tables(report)
+    markdown = fmt == "md"
+    tables = _diff_tables(report, markdown) if isinstance(report, DiffReport) else _report_tables(report, markdown)
     text = _csv(tables) if fmt == "csv" else _text(tables, top, markdown=fmt == "md")
     # names from a trace may hold lone surrogates (JSON "\\ud800"): keep the output valid UTF-8
     return text.encode("utf-8", "backslashreplace").decode("utf-8")

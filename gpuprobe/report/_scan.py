@@ -14,10 +14,22 @@ import heapq
 from array import array
 from collections.abc import Iterable
 
-from gpuprobe._kernel_names import launch_api_kind
-from gpuprobe.report._events import CPU_OP, KERNEL, MEMCPY, MEMSET, RANGE, RUNTIME, Event
+from gpuprobe._kernel_names import graph_launch_api, host_sync_api, launch_api_kind
+from gpuprobe.report._events import CPU_OP, GPU_SYNC, KERNEL, MEMCPY, MEMSET, RANGE, RUNTIME, Event
 
-__all__ = ["GpuOpKind", "EVENT_KIND", "GpuOps", "Launches", "Syncs", "Ranges", "NameStat", "LongEvent", "TraceScan"]
+__all__ = [
+    "GpuOpKind",
+    "EVENT_KIND",
+    "GpuOps",
+    "Launches",
+    "Syncs",
+    "Ranges",
+    "GraphLaunches",
+    "CpuOps",
+    "NameStat",
+    "LongEvent",
+    "TraceScan",
+]
 
 
 class GpuOpKind(enum.IntEnum):
@@ -104,14 +116,36 @@ class Syncs:
         start: Start time, ns.
         dur: Duration, ns.
         thread_id: Index into :attr:`TraceScan.threads`.
+        name_id: Index into :attr:`TraceScan.api_names`.
     """
 
-    __slots__ = ("start", "dur", "thread_id")
+    __slots__ = ("start", "dur", "thread_id", "name_id")
 
     def __init__(self) -> None:
         self.start = array("q")
         self.dur = array("q")
         self.thread_id = array("i")
+        self.name_id = array("i")
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+class GraphLaunches:
+    """Graph launch calls (``cudaGraphLaunch``, ``cuGraphLaunch``, ``hipGraphLaunch``).
+
+    Attributes:
+        start: Start time, ns.
+        thread_id: Index into :attr:`TraceScan.threads`.
+        corr: Correlation key, as :attr:`GpuOps.corr` (the graph's node kernels carry it).
+    """
+
+    __slots__ = ("start", "thread_id", "corr")
+
+    def __init__(self) -> None:
+        self.start = array("q")
+        self.thread_id = array("i")
+        self.corr = array("q")
 
     def __len__(self) -> int:
         return len(self.start)
@@ -139,6 +173,32 @@ class Ranges:
         return len(self.start)
 
 
+class CpuOps:
+    """CPU operators, one column per field (the few with a FLOP count in a side table).
+
+    Attributes:
+        name_id: Index of the name in :attr:`TraceScan.cpu_ops` (by first appearance).
+        start: Start time, ns.
+        dur: Duration, ns.
+        thread_id: Index into :attr:`TraceScan.threads`.
+        flops: FLOP count by row, for the operators that have one.
+        elements: Input elements by row, for the concatenation operators recorded with shapes.
+    """
+
+    __slots__ = ("name_id", "start", "dur", "thread_id", "flops", "elements")
+
+    def __init__(self) -> None:
+        self.name_id = array("i")
+        self.start = array("q")
+        self.dur = array("q")
+        self.thread_id = array("i")
+        self.flops: dict[int, int] = {}
+        self.elements: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
 class NameStat:
     """Count, total and longest duration of the events of one name (updated by the scan, inline).
 
@@ -147,12 +207,13 @@ class NameStat:
         (1, 5, 5)
     """
 
-    __slots__ = ("count", "total_ns", "max_ns")
+    __slots__ = ("count", "total_ns", "max_ns", "id")
 
-    def __init__(self, dur_ns: int) -> None:
+    def __init__(self, dur_ns: int, id: int = 0) -> None:
         self.count = 1
         self.total_ns = dur_ns
         self.max_ns = dur_ns
+        self.id = id  # the name's index in its table, by first appearance
 
 
 #: A long CPU-side event: (duration ns, arrival number, kind, name, start ns, "pid/tid"); tuples,
@@ -172,13 +233,18 @@ class TraceScan:
         keep_longest: How many of the longest CPU-side events to keep.
         gpu_names: Kernel and copy names, by first appearance (the value is the name id).
         range_names: Range names, by first appearance.
-        threads: ``(pid, tid)`` of launch, sync and range events, by first appearance.
+        threads: ``(pid, tid)`` of launch, sync, range and CPU operator events, by first appearance.
+        api_names: Names of sync API calls, by first appearance.
+
         streams: ``(device, stream)`` of GPU operations, by first appearance.
         directions: Copy directions (``""`` for kernels and sets), by first appearance.
         ops: :class:`GpuOps`.
         launches: :class:`Launches`.
         syncs: :class:`Syncs`.
         ranges: :class:`Ranges`.
+        cpu_op_rows: :class:`CpuOps`.
+        graph_launches: :class:`GraphLaunches`.
+        gpu_syncs: Count and total duration of GPU-side sync records (kineto ``cuda_sync``).
         api_calls: Runtime and driver API calls by name.
         cpu_ops: CPU operators by name.
         longest_cpu: A heap of the longest runtime calls and CPU operators (:data:`LongEvent`).
@@ -205,6 +271,10 @@ class TraceScan:
         self.launches = Launches()
         self.syncs = Syncs()
         self.ranges = Ranges()
+        self.api_names: dict[str, int] = {}
+        self.cpu_op_rows = CpuOps()
+        self.graph_launches = GraphLaunches()
+        self.gpu_syncs = [0, 0]
         self.api_calls: dict[str, NameStat] = {}
         self.cpu_ops: dict[str, NameStat] = {}
         self.longest_cpu: list[LongEvent] = []
@@ -233,6 +303,16 @@ class TraceScan:
         launch_start, launch_dur = launches.start.append, launches.dur.append
         launch_corr, launch_thread = launches.corr.append, launches.thread_id.append
         sync_start, sync_dur, sync_thread = syncs.start.append, syncs.dur.append, syncs.thread_id.append
+        sync_name = syncs.name_id.append
+        cpu = self.cpu_op_rows
+        cpu_name, cpu_start, cpu_dur = cpu.name_id.append, cpu.start.append, cpu.dur.append
+        cpu_thread, cpu_flops = cpu.thread_id.append, cpu.flops
+        last_pid: object = None
+        last_tid: object = None
+        last_thread = -1
+        api_names = self.api_names
+        graphs = self.graph_launches
+        gpu_syncs = self.gpu_syncs
         range_name, range_start = ranges.name_id.append, ranges.start.append
         range_dur, range_thread = ranges.dur.append, ranges.thread_id.append
         first: int = self.first_ns if self.first_ns is not None else 1 << 62
@@ -281,7 +361,7 @@ class TraceScan:
                 table = api_calls if kind == RUNTIME else cpu_ops
                 stat = table.get(name)
                 if stat is None:
-                    table[name] = NameStat(dur)
+                    stat = table[name] = NameStat(dur, len(table))
                 else:
                     stat.count += 1
                     stat.total_ns += dur
@@ -293,13 +373,26 @@ class TraceScan:
                 elif dur > longest[0][0]:  # longer than the shortest kept
                     seq += 1
                     heapq.heapreplace(longest, (dur, seq, kind, name, start, _thread_label(ev.pid, ev.tid)))
+                pid, tid_ = ev.pid, ev.tid
+                if pid != last_pid or tid_ != last_tid:  # why: events of a thread come in runs
+                    key = (pid, tid_)
+                    tid = threads.get(key)
+                    if tid is None:
+                        tid = threads[key] = len(threads)
+                    last_pid, last_tid, last_thread = pid, tid_, tid
+                else:
+                    tid = last_thread
                 if kind == CPU_OP:
+                    if ev.flops >= 0:
+                        cpu_flops[len(cpu.start)] = ev.flops
+                    if ev.elements >= 0:
+                        cpu.elements[len(cpu.start)] = ev.elements
+                    cpu_name(stat.id)
+                    cpu_start(start)
+                    cpu_dur(dur)
+                    cpu_thread(tid)
                     continue
                 api_kind = launch_api_kind(name)
-                key = (ev.pid, ev.tid)
-                tid = threads.get(key)
-                if tid is None:
-                    tid = threads[key] = len(threads)
                 if api_kind in launch_kinds:
                     corr = ev.correlation
                     if by_process and 0 <= corr < 0x80000000 and type(ev.pid) is int:
@@ -308,10 +401,22 @@ class TraceScan:
                     launch_dur(dur)
                     launch_corr(corr)
                     launch_thread(tid)
-                elif api_kind == _SYNC:
+                    if api_kind == "kernel" and graph_launch_api(name):
+                        graphs.start.append(start)
+                        graphs.thread_id.append(tid)
+                        graphs.corr.append(corr)
+                # a synchronous copy (cudaMemcpy) is a launch and a sync at once
+                if api_kind == _SYNC or (api_kind == "memcpy" and host_sync_api(name)):
+                    nid = api_names.get(name)
+                    if nid is None:
+                        nid = api_names[name] = len(api_names)
                     sync_start(start)
                     sync_dur(dur)
                     sync_thread(tid)
+                    sync_name(nid)
+            elif kind == GPU_SYNC:
+                gpu_syncs[0] += 1
+                gpu_syncs[1] += dur
             elif kind == RANGE:
                 name = ev.name
                 nid = range_names.get(name)

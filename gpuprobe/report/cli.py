@@ -8,6 +8,8 @@ Exit status:
   problem, never a traceback.
 - 1: an internal error of gpuprobe (any other exception): a short message asks for a bug report
   with the command line and versions; ``--debug`` adds the traceback.
+- 3: ``--fail-on SEVERITY`` and a finding of that severity or worse is present (the report is
+  still written).
 - 130: interrupted.
 """
 
@@ -27,9 +29,10 @@ from gpuprobe.errors import ConfigError, MissingDependencyError
 from gpuprobe.report._analysis import analyze
 from gpuprobe.report._diff import NORMALIZE, diff
 from gpuprobe.report._errors import ReportInputError
+from gpuprobe.report._findings import THRESHOLDS, worst_at_least
 from gpuprobe.report._render import FORMATS, plot, render
 from gpuprobe.report.loaders import ENGINES
-from gpuprobe.report.model import SECTIONS
+from gpuprobe.report.model import SECTIONS, SEVERITIES
 
 __all__ = ["main_report", "main_diff"]
 
@@ -38,6 +41,8 @@ EXIT_OK = 0
 EXIT_INTERNAL_ERROR = 1
 #: The trace, an option or the output path is wrong (argparse's own status for bad arguments).
 EXIT_BAD_INPUT = 2
+#: ``--fail-on``: a finding at least that severe is present.
+EXIT_FINDINGS = 3
 EXIT_INTERRUPTED = 130
 
 
@@ -108,6 +113,22 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="show reading progress on stderr (default: when stderr is a terminal)",
     )
     progress.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a finding threshold, e.g. host_sync.per_step=2 (repeatable; names in docs/diagnosis.md: "
+        + ", ".join(THRESHOLDS)
+        + ")",
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=SEVERITIES,
+        metavar="SEVERITY",
+        help=f"exit with status {EXIT_FINDINGS} when a finding this severe or worse is present "
+        f"({', '.join(SEVERITIES)}; for CI gates)",
+    )
     parser.add_argument(
         "--debug", action="store_true", help="on an internal error, show the traceback (for a bug report)"
     )
@@ -187,6 +208,16 @@ def _run(prog: str, argv: list[str], debug: bool, work: Callable[[], int]) -> in
         return _internal_error(prog, argv, exc, debug)
 
 
+def _gate(fail_on: str | None, findings: list[Any]) -> int:
+    if fail_on and worst_at_least(findings, fail_on):
+        worst = [f for f in findings if SEVERITIES.index(f.severity) >= SEVERITIES.index(fail_on)]
+        sys.stderr.write(
+            f"gpuprobe: {len(worst)} finding(s) at or above {fail_on}: {', '.join(sorted({f.id for f in worst}))}\n"
+        )
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
 def main_report(argv: list[str]) -> int:
     """Run ``gpuprobe report``.
 
@@ -227,6 +258,8 @@ def main_report(argv: list[str]) -> int:
     def work() -> int:
         shown = list(args.sections or [])
         computed = shown + [s for s in ("categories", "steps") if args.plot and shown and s not in shown]
+        if args.fail_on and shown and "findings" not in computed:
+            computed.append("findings")  # the gate reads them, shown or not
         progress = _progress(args, os.path.basename(args.trace))
         try:
             report = analyze(
@@ -237,17 +270,19 @@ def main_report(argv: list[str]) -> int:
                 small_us=args.small_us,
                 engine=args.engine,
                 progress=progress,
+                thresholds=args.threshold,
             )
         finally:
             if progress is not None:
                 progress.close()
         if args.plot:
             _write(args.plot, lambda path: plot(report, path))
+        findings = report.findings or []
         if shown:
             hidden: dict[str, Any] = {s: None for s in SECTIONS if s != "summary" and s not in shown}
             report = dataclasses.replace(report, **hidden)
         _emit(render(report, args.format, top=args.top), args.output)
-        return EXIT_OK
+        return _gate(args.fail_on, findings)
 
     return _run(prog, argv, args.debug, work)
 
@@ -297,12 +332,13 @@ def main_diff(argv: list[str]) -> int:
                 step_pattern=args.step_pattern,
                 engine=args.engine,
                 progress=progress,
+                thresholds=args.threshold,
             )
         finally:
             if progress is not None:
                 progress.close()
         _emit(render(result, args.format, top=args.top), args.output)
-        return EXIT_OK
+        return _gate(args.fail_on, result.findings or [])
 
     return _run(prog, argv, args.debug, work)
 

@@ -12,6 +12,13 @@ from typing import Any
 
 __all__ = [
     "SECTIONS",
+    "SEVERITIES",
+    "Finding",
+    "IdleRow",
+    "IdleSection",
+    "FlopsRow",
+    "FlopsCategory",
+    "FlopsSection",
     "Report",
     "Summary",
     "KernelStat",
@@ -35,8 +42,9 @@ __all__ = [
     "CpuOpsSection",
 ]
 
-#: Section names, in report order (``summary`` is always present).
+#: Section names, in report order (``summary`` is always present; ``findings`` come first).
 SECTIONS: tuple[str, ...] = (
+    "findings",
     "summary",
     "kernels",
     "categories",
@@ -50,7 +58,31 @@ SECTIONS: tuple[str, ...] = (
     "small_ops",
     "timeline",
     "cpu_ops",
+    "idle",
+    "flops",
 )
+#: Finding severities, mildest first.
+SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
+
+
+@dataclasses.dataclass
+class Finding:
+    """Something wrong (or worth knowing), the numbers that show it, and the usual remedy.
+
+    Attributes:
+        id: The rule that found it (fixed, e.g. ``host_sync``); see ``docs/diagnosis.md``.
+        severity: ``info``, ``warning`` or ``critical``.
+        title: One line for people.
+        evidence: Numbers and where they come from; ``at_stake_ns`` is the estimated time at
+            stake, the order of findings in a report.
+        remedy: What usually fixes it.
+    """
+
+    id: str
+    severity: str
+    title: str
+    evidence: dict[str, Any]
+    remedy: str
 
 
 @dataclasses.dataclass
@@ -316,6 +348,72 @@ class CpuOpsSection:
 
 
 @dataclasses.dataclass
+class IdleRow:
+    """GPU time of one step window: busy, and idle split by what the host was doing.
+
+    ``window_ns`` runs from the step's start (or its first GPU operation, if earlier) to its end
+    (or its last GPU operation's end, if later); ``index`` is -1 for a trace without steps.
+    """
+
+    index: int
+    window_ns: int
+    busy_ns: int
+    idle_launch_ns: int
+    idle_sync_ns: int
+    idle_other_ns: int
+
+
+@dataclasses.dataclass
+class IdleSection:
+    """Where the GPU idles: while the host launches the next operation, while it waits in a sync,
+    or otherwise (launched, not started yet). ``scope`` is ``steps`` or ``trace``."""
+
+    scope: str
+    window_ns: int
+    busy_ns: int
+    idle_launch_ns: int
+    idle_sync_ns: int
+    idle_other_ns: int
+    rows: list[IdleRow]
+
+
+@dataclasses.dataclass
+class FlopsRow:
+    """FLOPs of the CPU operators of one name that record a count (``with_flops=True``).
+
+    ``time_ns`` is the GPU time of the work they launched (``clock`` ``gpu``), or their CPU time
+    on a CPU trace (``clock`` ``cpu``); ``flops_per_s`` is ``flops`` over it.
+    """
+
+    operator: str
+    category: str
+    count: int
+    flops: int
+    time_ns: int
+    flops_per_s: float | None
+
+
+@dataclasses.dataclass
+class FlopsCategory:
+    """Achieved FLOP/s of one category."""
+
+    category: str
+    flops: int
+    time_ns: int
+    flops_per_s: float | None
+
+
+@dataclasses.dataclass
+class FlopsSection:
+    """Achieved FLOP/s by category and operator."""
+
+    clock: str
+    total_flops: int
+    categories: list[FlopsCategory]
+    rows: list[FlopsRow]
+
+
+@dataclasses.dataclass
 class Report:
     """Everything :func:`gpuprobe.report.analyze` found; sections not asked for are ``None``.
 
@@ -327,6 +425,7 @@ class Report:
     """
 
     summary: Summary
+    findings: list[Finding] | None = None
     kernels: KernelsSection | None = None
     categories: CategoriesSection | None = None
     families: FamiliesSection | None = None
@@ -339,6 +438,8 @@ class Report:
     small_ops: SmallOpsSection | None = None
     timeline: TimelineSection | None = None
     cpu_ops: CpuOpsSection | None = None
+    idle: IdleSection | None = None
+    flops: FlopsSection | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as plain JSON-serializable values (sections left out when ``None``).
@@ -351,6 +452,7 @@ class Report:
         out: dict[str, Any] = {"schema": "gpuprobe.report/1"}
         for name in SECTIONS:
             value = getattr(self, name)
-            if value is not None:
-                out[name] = dataclasses.asdict(value)
+            if value is None:
+                continue
+            out[name] = [dataclasses.asdict(f) for f in value] if name == "findings" else dataclasses.asdict(value)
         return out

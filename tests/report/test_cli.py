@@ -140,7 +140,7 @@ def test_output_is_written_to_the_file_and_not_to_stdout(tmp_path: Path, kineto_
     out.write_text("old")
     assert main_report([str(kineto_min), "--format", "md", "--output", str(out)]) == 0
     assert capsys.readouterr().out == ""
-    assert out.read_text().startswith("## Summary")
+    assert out.read_text().startswith("## Findings")  # findings come first in every format
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]  # no temporary file left behind
 
 

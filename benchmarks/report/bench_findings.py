@@ -1,0 +1,114 @@
+"""Report time with findings (and the idle and FLOPs sections they read) against the report
+without them, on real traces and a synthetic decode trace.
+
+Three variants, each run a fresh ``gpuprobe report --format json`` process, interleaved:
+
+- ``before``: the full report of an earlier revision (``--against REV``, default ``a155300``, the
+  last one without findings), run from a git worktree of it;
+- ``without``: this tree, with the sections a report had before findings;
+- ``with``: this tree's default report (findings, idle, FLOPs and all).
+
+The figures are medians; the goal is ``with`` ÷ ``before`` at most 1.1x.
+
+Example:
+    python benchmarks/report/bench_findings.py --repeat 7 --size-mb 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _results import machine, update_section  # noqa: E402
+from make_synthetic_trace import write_trace  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL = [
+    ROOT / "tests/data/kineto/hta_sampled_rank-0.json.gz",
+    ROOT / "tests/data/kineto/hta_cudagraph_nccl_rank0.json.gz",
+    ROOT / "tests/data/kineto/tracelens_h100_timesformer_eager_attn.json.gz",
+]
+# every section a report had before findings: the baseline
+_BEFORE = "summary,kernels,categories,families,non_gemm,attention,launches,memory,ranges,steps,small_ops,timeline,cpu_ops"
+
+
+def run(path: Path, variant: str, before_tree: Path | None) -> float:
+    cmd = [sys.executable, "-m", "gpuprobe", "report", str(path), "--format", "json", "--output", os.devnull]
+    if variant == "without":
+        cmd += ["--sections", _BEFORE]
+    cwd = before_tree if variant == "before" else ROOT  # `python -m` imports gpuprobe from the cwd
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=cwd)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--size-mb", type=float, default=200.0, help="synthetic trace size (0: none)")
+    parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    parser.add_argument("--against", default="a155300", help="revision without findings (default a155300)")
+    args = parser.parse_args(argv)
+    before_tree = Path(tempfile.mkdtemp()) / "before"
+    subprocess.run(["git", "worktree", "add", "--detach", str(before_tree), args.against], cwd=ROOT, check=True,
+                   capture_output=True)
+    traces = list(REAL)
+    tmp = None
+    if args.size_mb > 0:
+        tmp = Path(tempfile.mkdtemp()) / f"synthetic-{args.size_mb:g}mb.json"
+        with open(tmp, "w") as f:
+            write_trace(f, int(args.size_mb * 1e6))
+        traces.append(tmp)
+    rows = []
+    variants = ["before", "without", "with"]
+    try:
+        for path in traces:
+            times: dict[str, list[float]] = {v: [] for v in variants}
+            for r in range(args.repeat):
+                for v in variants[r % 3 :] + variants[: r % 3]:  # interleaved, order rotating
+                    times[v].append(run(path, v, before_tree))
+            before, without, found = (statistics.median(times[v]) for v in variants)
+            size = path.stat().st_size / 1e6
+            rows.append(
+                f"| {path.name} | {size:.1f} MB | {before:.2f} s | {without:.2f} s | {found:.2f} s | "
+                f"{found / before:.3f}x |"
+            )
+            print(rows[-1], flush=True)
+    finally:
+        if tmp is not None:
+            tmp.unlink()
+        subprocess.run(["git", "worktree", "remove", "--force", str(before_tree)], cwd=ROOT, capture_output=True)
+    body = "\n".join(
+        [
+            "## Findings: report time with and without them",
+            "",
+            f"{datetime.date.today()}, {machine()}; medians of {args.repeat} interleaved runs, each a fresh "
+            "`gpuprobe report --format json` process; `python benchmarks/report/bench_findings.py`",
+            "",
+            f"Before: the full report of revision `{args.against}` (no findings). Without: this tree with the "
+            "sections a report had before (`--sections summary,...,cpu_ops`). With: this tree's default report, "
+            "which adds the findings and the idle and FLOPs sections they read. Ratio: with ÷ before.",
+            "",
+            "| trace | file size | before | without findings | with findings | ratio |",
+            "|---|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+            "Goal: 1.1x or less.",
+        ]
+    )
+    if not args.no_write:
+        print(f"wrote {update_section('findings', body)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,580 @@
+"""Evidence for the findings: where syncs happen, why the GPU idles, what concatenation costs per
+step, FLOPs achieved, graph replays; computed once from a finished scan and its columns.
+
+Everything here is interval arithmetic over the columns of :class:`~gpuprobe.report._scan.TraceScan`
+in plain Python, per step: the loops run over the GPU operations, sync calls and CPU operators of
+the steps, once each.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gpuprobe._kernel_names import (
+    CATEGORIES,
+    CONCAT_OPS,
+    WOULD_SYNC_OPS,
+    categorize_cpu_op,
+    short_kernel_name,
+)
+from gpuprobe.report._columns import NumpyColumns, PythonColumns, Windows, quantile
+from gpuprobe.report._scan import GpuOpKind, TraceScan
+from gpuprobe.report.model import FlopsCategory, FlopsRow, FlopsSection, IdleRow, IdleSection
+
+__all__ = [
+    "StepSpan",
+    "SyncEvidence",
+    "ConcatEvidence",
+    "Evidence",
+    "gather",
+    "innermost",
+    "is_concat_kernel",
+    "CONCAT_OPS",
+    "FUSED_ATTENTION_OPS",
+    "SOFTMAX_OPS",
+    "BMM_OPS",
+]
+
+Columns = PythonColumns | NumpyColumns
+
+#: CPU operators of fused attention.
+FUSED_ATTENTION_OPS = frozenset(
+    {
+        "aten::scaled_dot_product_attention",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_cudnn_attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_fused_attention_overrideable",
+        "aten::_flash_attention_forward",
+        "aten::_efficient_attention_forward",
+        "aten::_fused_sdp_choice",
+    }
+)
+SOFTMAX_OPS = frozenset({"aten::softmax", "aten::_softmax", "aten::_safe_softmax"})
+BMM_OPS = frozenset({"aten::matmul", "aten::bmm", "aten::baddbmm"})
+_CONCAT_KERNEL = re.compile(r"catarray|(?:^|_)cat(?:_|\d|$)")
+_KERNEL = GpuOpKind.KERNEL.value
+
+
+def is_concat_kernel(name: str) -> bool:
+    """Whether a kernel concatenates tensors (``CatArrayBatchedCopy``, Triton ``..._fused_cat_...``).
+
+    Example:
+        >>> is_concat_kernel("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float>()")
+        True
+        >>> is_concat_kernel("triton_poi_fused_cat_0"), is_concat_kernel("ampere_sgemm_128x64_nn")
+        (True, False)
+    """
+    return bool(_CONCAT_KERNEL.search(short_kernel_name(name).lower()))
+
+
+class StepSpan:
+    """A step: its CPU range (thread, start, end) and the windows of its GPU operations."""
+
+    __slots__ = ("index", "phase", "thread", "start", "end", "op_windows")
+
+    def __init__(self, *, index: int, phase: str, thread: int, start: int, end: int, op_windows: Windows) -> None:
+        self.index = index
+        self.phase = phase
+        self.thread = thread
+        self.start = start
+        self.end = end
+        self.op_windows = op_windows
+
+
+class SyncEvidence:
+    """Host syncs (GPU traces) or operators that would sync on a GPU (CPU traces).
+
+    Attributes:
+        calls: Sync API calls (or would-sync operators) in the whole trace.
+        blocked_ns: Time the host spent in them.
+        per_step: Per step, how many (empty without steps).
+        by_api: Calls by API (or operator) name.
+        offenders: ``(operator, range) -> [count, blocked ns]``.
+    """
+
+    __slots__ = ("calls", "blocked_ns", "per_step", "by_api", "offenders")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.blocked_ns = 0
+        self.per_step: list[int] = []
+        self.by_api: dict[str, int] = {}
+        self.offenders: dict[tuple[str, str], list[int]] = {}
+
+
+class ConcatEvidence:
+    """Concatenation per step (kernels on GPU traces, ``aten::cat`` operators on CPU traces)."""
+
+    __slots__ = ("source", "steps", "count", "ns", "step_ns", "elements")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.steps: list[int] = []  # step indexes (decode steps)
+        self.count: list[int] = []
+        self.ns: list[int] = []
+        self.step_ns: list[int] = []
+        #: Elements concatenated per step, from the operators' recorded shapes; empty if unknown.
+        self.elements: list[int] = []
+
+
+class Evidence:
+    """What the rules read besides the report sections."""
+
+    def __init__(self) -> None:
+        self.syncs = SyncEvidence()
+        self.would_sync = SyncEvidence()
+        self.gpu_sync_records = 0
+        self.gpu_sync_ns = 0
+        self.idle: IdleSection | None = None
+        self.flops: FlopsSection | None = None
+        self.concat: ConcatEvidence | None = None
+        self.graph_launches = 0
+        self.graph_launches_per_step: list[int] = []
+        self.graph_node_ops = 0
+        self.fused_attention_kernels = 0
+        self.softmax_kernels = 0
+        self.softmax_kernel_ns = 0
+        self.cpu_op_counts: dict[str, int] = {}
+        self.cpu_op_ns: dict[str, int] = {}
+        #: Copies from or to pageable memory: (direction, count, bytes, ns) per direction.
+        self.pageable: list[tuple[str, int, int, int]] = []
+
+
+def innermost(
+    intervals: Sequence[tuple[int, int, int, int]], queries: Sequence[tuple[int, int, int]]
+) -> dict[int, int]:
+    """For each query point, the innermost interval of its thread that contains it.
+
+    Args:
+        intervals: ``(thread, start, end, label)``; intervals of one thread nest or are disjoint.
+        queries: ``(thread, time, key)``.
+
+    Returns:
+        ``{key: label}`` for the queries inside some interval.
+
+    Example:
+        >>> innermost([(0, 0, 100, 1), (0, 10, 20, 2)], [(0, 15, "a"), (0, 50, "b"), (1, 15, "c")])
+        {'a': 2, 'b': 1}
+    """
+    # one walk in (thread, time) order: intervals open before the queries at the same time
+    items: list[tuple[int, int, int, int, Any]] = [(t, s, 0, -e, lab) for t, s, e, lab in intervals]
+    items += [(t, at, 1, 0, key) for t, at, key in queries]
+    items.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
+    out: dict[Any, int] = {}
+    stack: list[tuple[int, int]] = []  # (end, label)
+    thread = None
+    for t, at, is_query, neg_end, payload in items:
+        if t != thread:
+            stack.clear()
+            thread = t
+        while stack and stack[-1][0] < at:
+            stack.pop()
+        if is_query:
+            if stack:
+                out[payload] = stack[-1][1]
+        else:
+            stack.append((-neg_end, payload))
+    return out
+
+
+def _step_of(steps: list[StepSpan], starts: list[int], thread: int, at: int, step_threads: set[int]) -> int:
+    """The step holding a point of a thread (a step's own thread, or a thread without steps); -1 if none."""
+    i = bisect.bisect_right(starts, at) - 1
+    for j in (i, i - 1):  # steps of two threads may overlap; those of one thread never do
+        if j >= 0:
+            st = steps[j]
+            if st.start <= at <= st.end and (st.thread == thread or thread not in step_threads):
+                return j
+    return -1
+
+
+def _overlap(pairs: list[tuple[int, int]], cut: list[tuple[int, int]]) -> int:
+    """Length of ``pairs`` ∩ ``cut``, both sorted and disjoint (one merge pass)."""
+    total = 0
+    j = 0
+    for a, b in pairs:
+        while j < len(cut) and cut[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(cut) and cut[k][0] < b:
+            total += min(b, cut[k][1]) - max(a, cut[k][0])
+            k += 1
+    return total
+
+
+def _length(pairs: Iterable[tuple[int, int]]) -> int:
+    return sum(b - a for a, b in pairs)
+
+
+def _merge(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(pairs):
+        if merged and a <= merged[-1][1]:
+            if b > merged[-1][1]:
+                merged[-1] = (merged[-1][0], b)
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def idle_row(
+    index: int,
+    window: tuple[int, int],
+    ops: list[tuple[int, int, int]],
+    syncs: list[tuple[int, int]],
+) -> IdleRow:
+    """Split a window of GPU time into busy and three kinds of idle.
+
+    Args:
+        index: The step index (-1 for the whole trace).
+        window: ``(start, end)``.
+        ops: ``(start, end, launch_end)`` of the GPU operations, any order.
+        syncs: ``(start, end)`` of the host's sync calls.
+
+    Idle time is split, in this order of precedence: while the host is in a sync call (``sync``);
+    while the next GPU operation has not been launched yet, the host still working towards it
+    (``launch``); the rest (launched, not yet started: launch latency, waits on other streams).
+
+    Example:
+        >>> r = idle_row(0, (0, 100), [(10, 30, 5), (60, 80, 50)], [(85, 95)])
+        >>> (r.busy_ns, r.idle_launch_ns, r.idle_sync_ns, r.idle_other_ns)
+        (40, 35, 10, 15)
+    """
+    w0, w1 = window
+    # one pass over the operations by start: busy time, the gaps, and for each gap the launch of
+    # the operation that ends it (the window holds every operation, so nothing needs clipping)
+    gaps: list[tuple[int, int]] = []
+    launch_part: list[tuple[int, int]] = []
+    busy = 0
+    cover = w0
+    for start, end, launch_end in sorted(ops):
+        if start > cover:
+            gaps.append((cover, start))
+            if launch_end > cover:
+                launch_part.append((cover, min(start, launch_end)))
+            busy += end - start
+            cover = end
+        elif end > cover:
+            busy += end - cover
+            cover = end
+    if w1 > cover:  # after the last operation: nothing more launched in this step
+        gaps.append((cover, w1))
+        launch_part.append((cover, w1))
+    sync_cut = _merge([(max(s, w0), min(e, w1)) for s, e in syncs if min(e, w1) > max(s, w0)])
+    sync_idle = _overlap(gaps, sync_cut)
+    launch_idle = _length(launch_part) - _overlap(launch_part, sync_cut)
+    idle = _length(gaps)
+    return IdleRow(
+        index=index,
+        window_ns=w1 - w0,
+        busy_ns=busy,
+        idle_launch_ns=launch_idle,
+        idle_sync_ns=sync_idle,
+        idle_other_ns=idle - launch_idle - sync_idle,
+    )
+
+
+def gather(
+    scan: TraceScan,
+    cols: Columns,
+    steps: list[StepSpan],
+    gpu_names: list[str],
+    range_display: list[str],
+) -> Evidence:
+    """Compute the :class:`Evidence` of a finished scan."""
+    ev = Evidence()
+    ev.gpu_sync_records, ev.gpu_sync_ns = scan.gpu_syncs
+    step_starts = [s.start for s in steps]
+    step_threads = {s.thread for s in steps}
+    cpu = scan.cpu_op_rows
+    cpu_names = list(scan.cpu_ops)  # by first appearance: the name ids of the CPU operator rows
+    api_names = list(scan.api_names)
+    ranges = scan.ranges
+    range_intervals = [
+        (t, s, s + d, n) for t, s, d, n in zip(ranges.thread_id, ranges.start, ranges.dur, ranges.name_id)
+    ]
+    gpu_known = cols.n_ops > 0
+
+    # CPU operator totals by name (for attention and concatenation on CPU traces)
+    for name, stat in scan.cpu_ops.items():
+        ev.cpu_op_counts[name] = stat.count
+        ev.cpu_op_ns[name] = stat.total_ns
+
+    # ---- host syncs: the API calls, with their operator (External id) and innermost range
+    syncs = scan.syncs
+    n_sync = len(syncs)
+    if n_sync:
+        s_ev = ev.syncs
+        op_of_sync = innermost(_ops_around(cpu, syncs), [(syncs.thread_id[i], syncs.start[i], i) for i in range(n_sync)])
+        where = innermost(
+            range_intervals, [(syncs.thread_id[i], syncs.start[i], i) for i in range(n_sync)]
+        )
+        per_step = [0] * len(steps)
+        for i in range(n_sync):
+            dur = syncs.dur[i]
+            s_ev.calls += 1
+            s_ev.blocked_ns += dur
+            api = api_names[syncs.name_id[i]]
+            s_ev.by_api[api] = s_ev.by_api.get(api, 0) + 1
+            op = op_of_sync.get(i)
+            key = (cpu_names[op] if op is not None else "(no operator)", _label(where.get(i), range_display))
+            acc = s_ev.offenders.setdefault(key, [0, 0])
+            acc[0] += 1
+            acc[1] += dur
+            k = _step_of(steps, step_starts, syncs.thread_id[i], syncs.start[i], step_threads)
+            if k >= 0:
+                per_step[k] += 1
+        s_ev.per_step = per_step if steps else []
+
+    # ---- operators that would sync on a GPU (outermost ones only: item() holds _local_scalar_dense)
+    sync_op_ids = {i for i, n in enumerate(cpu_names) if n in WOULD_SYNC_OPS}
+    if sync_op_ids:
+        rows = [i for i, n in enumerate(cpu.name_id) if n in sync_op_ids]
+        rows.sort(key=lambda i: (cpu.thread_id[i], cpu.start[i], -cpu.dur[i]))
+        outer: list[int] = []
+        last_thread, last_end = None, -1
+        for i in rows:
+            if cpu.thread_id[i] == last_thread and cpu.start[i] < last_end:
+                continue  # nested in a would-sync operator already counted
+            outer.append(i)
+            last_thread, last_end = cpu.thread_id[i], cpu.start[i] + cpu.dur[i]
+        where = innermost(range_intervals, [(cpu.thread_id[i], cpu.start[i], i) for i in outer])
+        w_ev = ev.would_sync
+        per_step = [0] * len(steps)
+        for i in outer:
+            name = cpu_names[cpu.name_id[i]]
+            w_ev.calls += 1
+            w_ev.blocked_ns += cpu.dur[i]
+            w_ev.by_api[name] = w_ev.by_api.get(name, 0) + 1
+            acc = w_ev.offenders.setdefault((name, _label(where.get(i), range_display)), [0, 0])
+            acc[0] += 1
+            acc[1] += cpu.dur[i]
+            k = _step_of(steps, step_starts, cpu.thread_id[i], cpu.start[i], step_threads)
+            if k >= 0:
+                per_step[k] += 1
+        w_ev.per_step = per_step if steps else []
+
+    # ---- copies from or to pageable host memory (named so by kineto, and by the nsys loader)
+    pageable_ids = {i for i, n in enumerate(gpu_names) if "Pageable" in n}
+    if pageable_ids:
+        ops = scan.ops
+        directions = list(scan.directions)
+        by_direction: dict[str, list[int]] = {}
+        for nid, nbytes, dur, did in zip(ops.name_id, ops.nbytes, ops.dur, ops.direction_id):
+            if nid in pageable_ids:
+                row = by_direction.setdefault(directions[did] or "unknown", [0, 0, 0])
+                row[0] += 1
+                row[1] += max(nbytes, 0)
+                row[2] += dur
+        ev.pageable = [(d, n, b, t) for d, (n, b, t) in sorted(by_direction.items())]
+
+    # ---- graph launches and their node kernels
+    graphs = scan.graph_launches
+    ev.graph_launches = len(graphs)
+    if len(graphs):
+        corrs = {c for c in graphs.corr if c >= 0}
+        ev.graph_node_ops = sum(1 for c in scan.ops.corr if c in corrs)
+        if steps:
+            per_step = [0] * len(steps)
+            for t, s in zip(graphs.thread_id, graphs.start):
+                k = _step_of(steps, step_starts, t, s, step_threads)
+                if k >= 0:
+                    per_step[k] += 1
+            ev.graph_launches_per_step = per_step
+
+    # ---- kernels of fused attention and softmax
+    if gpu_known:
+        cat_of = {c: i for i, c in enumerate(CATEGORIES)}
+        counts, totals = cols.category_stats(len(CATEGORIES))
+        ev.fused_attention_kernels = counts[cat_of["attention"]]
+        ev.softmax_kernels = counts[cat_of["softmax"]]
+        ev.softmax_kernel_ns = totals[cat_of["softmax"]]
+
+    # ---- idle breakdown and concatenation per step
+    sync_by_thread: dict[int, list[tuple[int, int]]] = {}
+    for t, s, d in zip(syncs.thread_id, syncs.start, syncs.dur):
+        sync_by_thread.setdefault(t, []).append((s, s + d))
+    if gpu_known:
+        ev.idle = _idle(cols, steps, sync_by_thread, step_threads)
+    ev.concat = _concat(scan, cols, steps, gpu_names, cpu_names, gpu_known)
+    ev.flops = _flops(scan, cols, cpu_names, gpu_known)
+    return ev
+
+
+def _ops_around(cpu: Any, syncs: Any) -> list[tuple[int, int, int, int]]:
+    """The CPU operators that hold at least one sync call: ``(thread, start, end, name id)``.
+
+    Why a filter before :func:`innermost`: a trace holds up to millions of operators and a few
+    hundred syncs; one bisect per operator here saves sorting them all.
+    """
+    starts: dict[int, list[int]] = {}
+    for t, at in zip(syncs.thread_id, syncs.start):
+        starts.setdefault(t, []).append(at)
+    for v in starts.values():
+        v.sort()
+    out = []
+    for t, a, d, n in zip(cpu.thread_id, cpu.start, cpu.dur, cpu.name_id):
+        mine = starts.get(t)
+        if mine is None:
+            continue
+        j = bisect.bisect_left(mine, a)
+        if j < len(mine) and mine[j] <= a + d:
+            out.append((t, a, a + d, n))
+    return out
+
+
+def _label(range_id: int | None, display: list[str]) -> str:
+    return display[range_id] if range_id is not None else "(no range)"
+
+
+def _idle(
+    cols: Columns, steps: list[StepSpan], sync_by_thread: dict[int, list[tuple[int, int]]], step_threads: set[int]
+) -> IdleSection:
+    rows: list[IdleRow] = []
+    sync_index: dict[int, tuple[list[int], list[int]]] = {}
+    for t, pairs in sync_by_thread.items():
+        pairs.sort()
+        sync_index[t] = ([a for a, _ in pairs], [b for _, b in pairs])
+    if steps:
+        for st in steps:
+            ops = cols.window_ops(st.op_windows)
+            triples = list(zip(ops.start, ops.end, ops.launch_end))
+            w0 = min(st.start, min(ops.start, default=st.start))
+            w1 = max(st.end, max(ops.end, default=st.end))
+            syncs: list[tuple[int, int]] = []
+            for t, (starts, ends) in sync_index.items():
+                if t == st.thread or t not in step_threads:
+                    # a thread's calls do not overlap: sorted by start, their ends are sorted too
+                    lo = bisect.bisect_right(ends, w0)
+                    hi = bisect.bisect_left(starts, w1)
+                    syncs.extend(zip(starts[lo:hi], ends[lo:hi]))
+            rows.append(idle_row(st.index, (w0, w1), triples, syncs))
+        scope = "steps"
+    else:
+        wins = [cols.ops_by_launch.bounds(t) for t in cols.ops_by_launch.threads()]
+        ops = cols.window_ops(wins)
+        if ops.start:
+            w = (min(ops.start), max(ops.end))
+            syncs = [p for pairs in sync_by_thread.values() for p in pairs]
+            rows.append(idle_row(-1, w, list(zip(ops.start, ops.end, ops.launch_end)), syncs))
+        scope = "trace"
+    return IdleSection(
+        scope=scope,
+        window_ns=sum(r.window_ns for r in rows),
+        busy_ns=sum(r.busy_ns for r in rows),
+        idle_launch_ns=sum(r.idle_launch_ns for r in rows),
+        idle_sync_ns=sum(r.idle_sync_ns for r in rows),
+        idle_other_ns=sum(r.idle_other_ns for r in rows),
+        rows=rows,
+    )
+
+
+def _concat(
+    scan: TraceScan,
+    cols: Columns,
+    steps: list[StepSpan],
+    gpu_names: list[str],
+    cpu_names: list[str],
+    gpu_known: bool,
+) -> ConcatEvidence | None:
+    decode = [s for s in steps if s.phase != "prefill"]
+    if steps and not any(s.phase for s in steps):
+        decode = steps[1:]  # no phases named: the first step is taken for the prefill
+    if not decode:
+        return None
+    ids = {i for i, n in enumerate(cpu_names) if n in CONCAT_OPS}
+    cpu = scan.cpu_op_rows
+    sizes = cpu.elements
+    # (thread, start, dur, elements) of the concatenation operators, for bisecting by step
+    hits = sorted(
+        (cpu.thread_id[i], cpu.start[i], cpu.dur[i], sizes.get(i, -1)) for i, n in enumerate(cpu.name_id) if n in ids
+    )
+    if not gpu_known and not hits:
+        return None
+    out = ConcatEvidence("kernels" if gpu_known else "cpu_ops")
+    concat_names = [is_concat_kernel(n) for n in gpu_names] if gpu_known else []
+    all_sized = bool(hits)
+    for st in decode:
+        lo = bisect.bisect_left(hits, (st.thread, st.start, -1, -1))
+        hi = bisect.bisect_right(hits, (st.thread, st.end, 1 << 62, 1 << 62))
+        mine = hits[lo:hi]
+        elements = sum(h[3] for h in mine)
+        if not mine or any(h[3] < 0 for h in mine):
+            all_sized = False
+        if gpu_known:
+            ops = cols.window_ops(st.op_windows)
+            n = ns = 0
+            for k, nid, a, b in zip(ops.kind, ops.name_id, ops.start, ops.end):
+                if k == _KERNEL and concat_names[nid]:
+                    n += 1
+                    ns += b - a
+        else:
+            n, ns = len(mine), sum(h[2] for h in mine)
+        out.steps.append(st.index)
+        out.count.append(n)
+        out.ns.append(ns)
+        out.step_ns.append(st.end - st.start)
+        out.elements.append(elements)
+    if not all_sized:
+        out.elements = []
+    return out
+
+
+def _flops(scan: TraceScan, cols: Columns, cpu_names: list[str], gpu_known: bool) -> FlopsSection | None:
+    cpu = scan.cpu_op_rows
+    if not cpu.flops:
+        return None
+    rows_of = list(cpu.flops)
+    time_ns: dict[int, int] = {}
+    if gpu_known:
+        # the kernels launched while each operator ran, on its thread: one vectorized search per thread
+        by_thread: dict[int, list[int]] = {}
+        for i in rows_of:
+            by_thread.setdefault(cpu.thread_id[i], []).append(i)
+        for thread, members in by_thread.items():
+            ends = [cpu.start[i] + cpu.dur[i] for i in members]
+            time_ns.update(zip(members, cols.kernel_ns_between(thread, [cpu.start[i] for i in members], ends)))
+    else:
+        time_ns = {i: cpu.dur[i] for i in rows_of}
+    by_op: dict[int, list[int]] = {}  # name id -> [count, flops, time ns]
+    for i, flops in cpu.flops.items():
+        acc = by_op.get(cpu.name_id[i])
+        if acc is None:
+            acc = by_op[cpu.name_id[i]] = [0, 0, 0]
+        acc[0] += 1
+        acc[1] += flops
+        acc[2] += time_ns[i]
+    rows: list[FlopsRow] = []
+    by_cat: dict[str, list[int]] = {}
+    for nid, (count, flops, ns) in by_op.items():
+        name = cpu_names[nid]
+        category = categorize_cpu_op(name)
+        rows.append(
+            FlopsRow(
+                operator=name,
+                category=category,
+                count=count,
+                flops=flops,
+                time_ns=ns,
+                flops_per_s=flops * 1e9 / ns if ns else None,
+            )
+        )
+        acc2 = by_cat.setdefault(category, [0, 0])
+        acc2[0] += flops
+        acc2[1] += ns
+    rows.sort(key=lambda r: (-r.flops, r.operator))
+    cats = [
+        FlopsCategory(category=c, flops=f, time_ns=t, flops_per_s=f * 1e9 / t if t else None)
+        for c, (f, t) in sorted(by_cat.items(), key=lambda item: (-item[1][0], item[0]))
+    ]
+    return FlopsSection(clock="gpu" if gpu_known else "cpu", total_flops=sum(r.flops for r in rows), categories=cats, rows=rows)
+
+
+def median(values: Sequence[int]) -> float | None:
+    """The median of some integers (``None`` if there are none)."""
+    return quantile(sorted(values), 0.5) if values else None

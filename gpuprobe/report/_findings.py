@@ -1,0 +1,581 @@
+"""Findings: rules that read a report and its evidence and say what is wrong, with the numbers that
+show it and the usual remedy.
+
+Each rule has a fixed id, documented thresholds (:data:`THRESHOLDS`, overridable with
+``--threshold id.name=value``) and returns zero or one :class:`~gpuprobe.report.model.Finding`.
+Findings are ordered by the time at stake (``evidence["at_stake_ns"]``), then severity.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from gpuprobe._kernel_names import short_kernel_name
+from gpuprobe.errors import ConfigError
+from gpuprobe.report._diagnosis import BMM_OPS, FUSED_ATTENTION_OPS, SOFTMAX_OPS, Evidence, median
+from gpuprobe.report.model import SEVERITIES, Finding, Report
+
+__all__ = ["THRESHOLDS", "RULES", "Threshold", "evaluate", "parse_thresholds", "worst_at_least", "order"]
+
+
+class Threshold(NamedTuple):
+    """A documented, overridable threshold of a rule."""
+
+    default: float
+    doc: str
+
+
+#: Every threshold, ``rule.name``: default and meaning (``docs/diagnosis.md`` shows this table).
+THRESHOLDS: dict[str, Threshold] = {
+    "host_sync.per_step": Threshold(1, "syncs per step (median) at or above which host_sync fires"),
+    "host_sync.calls": Threshold(1, "sync calls in a trace without steps at or above which host_sync fires"),
+    "host_sync.critical_share": Threshold(0.25, "share of step time blocked in syncs at or above which it is critical"),
+    "pageable_memcpy.count": Threshold(1, "pageable copies at or above which pageable_memcpy fires"),
+    "pageable_memcpy.warning_bytes": Threshold(1_000_000, "pageable bytes at or above which it is a warning, not info"),
+    "launch_bound.busy_share": Threshold(0.6, "median per-step GPU busy share below which launch_bound can fire"),
+    "launch_bound.launch_idle_share": Threshold(
+        0.5, "share of GPU idle time spent waiting for the host to launch, at or above which launch_bound fires"
+    ),
+    "launch_bound.kernels_per_step": Threshold(20, "median kernels per step at or above which launch_bound can fire"),
+    "launch_bound.critical_busy_share": Threshold(0.25, "median busy share below which launch_bound is critical"),
+    "small_kernels.count_share": Threshold(0.5, "share of kernels below the small size, at or above which it fires"),
+    "small_kernels.min_count": Threshold(100, "small kernels needed at least for small_kernels to fire"),
+    "logits_processor_share.share": Threshold(0.1, "share of step time in one processor at or above which it fires"),
+    "logits_processor_share.critical_share": Threshold(0.3, "share at or above which it is critical"),
+    "kv_cache_concat.growth": Threshold(
+        1.5, "concatenation time (or count) per step, median of the last quarter ÷ median of the first"
+    ),
+    "kv_cache_concat.min_steps": Threshold(8, "decode steps needed at least"),
+    "kv_cache_concat.share": Threshold(0.02, "concatenation share of step time in the last quarter, at least"),
+    "attention_impl.min_softmax": Threshold(
+        2, "softmax operators (or kernels) per step (or in a trace without steps) at least, with no fused attention"
+    ),
+    "other_category.share": Threshold(0.1, "share of GPU time in 'other' at or above which it fires"),
+    "regression.ratio": Threshold(1.1, "diff: B ÷ A at or above which a category or family has regressed"),
+    "regression.min_ns": Threshold(10_000, "diff: B - A per unit (step, token) at least, in ns"),
+    "regression.critical_ratio": Threshold(1.5, "diff: B ÷ A at or above which a regression is critical"),
+}
+
+_PROCESSOR_NAME = re.compile(r"(?:LogitsProcessor|LogitsWarper|Processor|Sampler)$")
+_PROCESSOR_PARENTS = ("logits_processor", "logits_processors", "sampling")
+
+
+def parse_thresholds(items: Mapping[str, float] | Sequence[str] | None) -> dict[str, float]:
+    """Validate threshold overrides: ``["host_sync.per_step=2"]`` or a mapping.
+
+    Raises:
+        ConfigError: An unknown name or a value that is not a number.
+
+    Example:
+        >>> parse_thresholds(["host_sync.per_step=2"])["host_sync.per_step"]
+        2.0
+    """
+    out = {name: t.default for name, t in THRESHOLDS.items()}
+    if not items:
+        return out
+    pairs: list[tuple[str, Any]]
+    if isinstance(items, Mapping):
+        pairs = list(items.items())
+    else:
+        pairs = []
+        for item in items:
+            name, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(f"--threshold {item!r}: expected NAME=VALUE, e.g. host_sync.per_step=2")
+            pairs.append((name.strip(), value.strip()))
+    for name, value in pairs:
+        if name not in THRESHOLDS:
+            raise ConfigError(f"unknown threshold {name!r}; choose from {', '.join(THRESHOLDS)}")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"threshold {name}: not a number: {value!r}") from None
+        if number != number or number < 0:
+            raise ConfigError(f"threshold {name}: must be a number at or above 0, not {value!r}")
+        out[name] = number
+    return out
+
+
+class _Context:
+    """What a rule reads: the report (every section computed), the evidence and the thresholds."""
+
+    def __init__(self, report: Report, ev: Evidence, t: dict[str, float]) -> None:
+        self.report = report
+        self.ev = ev
+        self.t = t
+        steps = report.steps.rows if report.steps is not None else []
+        self.steps = steps
+        self.step_ns_total = sum(r.cpu_ns for r in steps)
+        self.gpu_known = report.summary.gpu_op_count > 0
+        self.launch_bound: Finding | None = None
+
+
+def _finding(id: str, severity: str, title: str, at_stake_ns: int, remedy: str, **evidence: Any) -> Finding:
+    return Finding(id=id, severity=severity, title=title, evidence={"at_stake_ns": int(at_stake_ns), **evidence}, remedy=remedy)
+
+
+def _offenders(table: dict[tuple[str, str], list[int]], steps: int, limit: int = 5) -> list[dict[str, Any]]:
+    rows = sorted(table.items(), key=lambda item: (-item[1][0], -item[1][1], item[0]))[:limit]
+    return [
+        {
+            "operator": op,
+            "range": rng,
+            "calls": n,
+            "per_step": round(n / steps, 3) if steps else None,
+            "time_ns": ns,
+        }
+        for (op, rng), (n, ns) in rows
+    ]
+
+
+# ------------------------------------------------------------------------------------- rules
+
+
+def host_sync(c: _Context) -> Finding | None:
+    s = c.ev.syncs
+    remedy = (
+        "Keep values on the device inside the step: avoid .item(), bool(tensor), int(tensor), .tolist(), "
+        ".cpu(), nonzero(), masked_select(), unique() and boolean-mask indexing; use torch.where or fixed-shape "
+        "masks; check stopping conditions every few steps; copy to the host with non_blocking=True into pinned "
+        "memory. gpuprobe's live sync audit (GPUPROBE_SYNC_AUDIT) names the component and source line."
+    )
+    n_steps = len(c.steps)
+    if s.calls:
+        per_step = median(s.per_step) if s.per_step else None
+        if per_step is not None:
+            if per_step < c.t["host_sync.per_step"]:
+                return None
+        elif s.calls < c.t["host_sync.calls"]:
+            return None
+        share = s.blocked_ns / c.step_ns_total if c.step_ns_total else None
+        severity = "critical" if share is not None and share >= c.t["host_sync.critical_share"] else "warning"
+        where = f" ({per_step:g} per step)" if per_step is not None else ""
+        return _finding(
+            "host_sync",
+            severity,
+            f"The host waits for the GPU: {s.calls:,} synchronizing calls{where}, {s.blocked_ns / 1e6:.3f} ms blocked",
+            s.blocked_ns,
+            remedy,
+            calls=s.calls,
+            per_step=per_step,
+            blocked_ns=s.blocked_ns,
+            blocked_share_of_steps=share,
+            by_api=dict(sorted(s.by_api.items(), key=lambda kv: (-kv[1], kv[0]))),
+            gpu_side_records=c.ev.gpu_sync_records,
+            gpu_side_ns=c.ev.gpu_sync_ns,
+            top_offenders=_offenders(s.offenders, n_steps),
+        )
+    w = c.ev.would_sync
+    if c.gpu_known or not w.calls:
+        return None
+    per_step = median(w.per_step) if w.per_step else None
+    if per_step is not None:
+        if per_step < c.t["host_sync.per_step"]:
+            return None
+    elif w.calls < c.t["host_sync.calls"]:
+        return None
+    where = f" ({per_step:g} per step)" if per_step is not None else ""
+    return _finding(
+        "host_sync",
+        "warning",
+        f"{w.calls:,} operators would synchronize the host on a GPU{where} (a CPU trace: none did here)",
+        w.blocked_ns,
+        remedy,
+        calls=0,
+        per_step=None,
+        blocked_ns=0,
+        would_sync_on_gpu={
+            "count": w.calls,
+            "per_step": per_step,
+            "cpu_ns": w.blocked_ns,
+            "by_op": dict(sorted(w.by_api.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "top_offenders": _offenders(w.offenders, n_steps),
+        },
+    )
+
+
+def pageable_memcpy(c: _Context) -> Finding | None:
+    mem = c.report.memory
+    if mem is None:
+        return None
+    by_direction: dict[str, dict[str, int]] = {}
+    count = nbytes = ns = 0
+    for row in c.ev.pageable:
+        d = by_direction.setdefault(row[0], {"count": 0, "bytes": 0, "time_ns": 0})
+        d["count"] += row[1]
+        d["bytes"] += row[2]
+        d["time_ns"] += row[3]
+        count += row[1]
+        nbytes += row[2]
+        ns += row[3]
+    if count < c.t["pageable_memcpy.count"] or not count:
+        return None
+    severity = "warning" if nbytes >= c.t["pageable_memcpy.warning_bytes"] else "info"
+    return _finding(
+        "pageable_memcpy",
+        severity,
+        f"{count:,} copies use pageable host memory ({nbytes / 1e6:.2f} MB, {ns / 1e6:.3f} ms on the GPU)",
+        ns,
+        "Pin the host side: tensor.pin_memory() (DataLoader(pin_memory=True)) and copy with non_blocking=True; "
+        "for device-to-host results, copy into a preallocated pinned buffer. Pageable copies are staged "
+        "through a driver buffer and block the host.",
+        count=count,
+        bytes=nbytes,
+        time_ns=ns,
+        by_direction=by_direction,
+    )
+
+
+def launch_bound(c: _Context) -> Finding | None:
+    idle = c.ev.idle
+    if idle is None or not idle.rows:
+        return None
+    shares = [r.busy_ns / r.window_ns for r in idle.rows if r.window_ns]
+    if not shares:
+        return None
+    busy_share = statistics.median(shares)
+    idle_total = idle.idle_launch_ns + idle.idle_sync_ns + idle.idle_other_ns
+    launch_share = idle.idle_launch_ns / idle_total if idle_total else 0.0
+    kernels = median([r.kernels for r in c.steps]) if c.steps else c.report.summary.kernel_count
+    if (
+        busy_share >= c.t["launch_bound.busy_share"]
+        or launch_share < c.t["launch_bound.launch_idle_share"]
+        or (kernels or 0) < c.t["launch_bound.kernels_per_step"]
+    ):
+        return None
+    kernels_section = c.report.kernels
+    median_kernel = None
+    if kernels_section is not None and kernels_section.count:
+        median_kernel = kernels_section.total_ns // kernels_section.count
+    la = c.report.launches
+    severity = "critical" if busy_share < c.t["launch_bound.critical_busy_share"] else "warning"
+    scope = "per step" if c.steps else "over the trace"
+    finding = _finding(
+        "launch_bound",
+        severity,
+        f"Launch-bound: the GPU is busy {busy_share * 100:.0f} % of the time {scope}; it mostly waits for "
+        f"the host to launch ({kernels:g} kernels per step)"
+        if c.steps
+        else f"Launch-bound: the GPU is busy {busy_share * 100:.0f} % of the time; it mostly waits for the host to launch",
+        idle.idle_launch_ns,
+        "Cut the launches: CUDA graphs (torch.compile(mode='reduce-overhead'), or generate() with "
+        "cache_implementation='static' and a compile config), fuse small operations (torch.compile), "
+        "batch more sequences per step.",
+        gpu_busy_share=busy_share,
+        kernels_per_step=kernels if c.steps else None,
+        mean_kernel_ns=median_kernel,
+        mean_launch_api_ns=(la.api_ns // la.launch_count) if la is not None and la.launch_count else None,
+        launch_to_start_median_ns=la.delay_median_ns if la is not None else None,
+        idle_launch_ns=idle.idle_launch_ns,
+        idle_sync_ns=idle.idle_sync_ns,
+        idle_other_ns=idle.idle_other_ns,
+        idle_launch_share=launch_share,
+    )
+    c.launch_bound = finding
+    return finding
+
+
+def small_kernels(c: _Context) -> Finding | None:
+    so = c.report.small_ops
+    if so is None or not so.count:
+        return None
+    if so.count < c.t["small_kernels.min_count"] or so.count_share < c.t["small_kernels.count_share"]:
+        return None
+    la = c.report.launches
+    per_launch = (la.api_ns // la.launch_count) if la is not None and la.launch_count else 0
+    families: dict[str, list[int]] = {}
+    for row in so.rows:
+        fam = short_kernel_name(row.name)
+        acc = families.setdefault(fam, [0, 0])
+        acc[0] += row.count
+        acc[1] += row.total_ns
+    top = sorted(families.items(), key=lambda kv: (-kv[1][0], kv[0]))[:5]
+    return _finding(
+        "small_kernels",
+        "warning" if c.launch_bound is not None else "info",
+        f"{so.count:,} tiny kernels (mean < {so.threshold_ns / 1000:g} µs): {so.count_share * 100:.0f} % of "
+        f"kernels, {so.time_share * 100:.1f} % of kernel time",
+        so.count * per_launch,
+        "Fuse them: torch.compile, fused kernels (fused norms, fused rotary, fused optimizers), fewer "
+        "elementwise steps in Python; each launch costs a few µs of host time however small the kernel.",
+        count=so.count,
+        count_share=so.count_share,
+        time_ns=so.total_ns,
+        time_share=so.time_share,
+        threshold_ns=so.threshold_ns,
+        top=[{"kernel": k, "count": n, "time_ns": t} for k, (n, t) in top],
+    )
+
+
+_COMPONENTS = ("forward", "streamer", "stopping_criteria")
+
+
+def _is_processor(path: str, name: str) -> bool:
+    """A logits processor's range: by its name, or as a component range of a gpuprobe step.
+
+    In a profile window, the transformers integration names the components of a step
+    ``gpuprobe.step#N/forward``, ``.../<processor class>``, ``.../stopping_criteria/<class>`` and
+    ``.../streamer``: every other child of the step is a logits processor.
+    """
+    if _PROCESSOR_NAME.search(name):
+        return True
+    parent = path[: -len(name) - 1] if path.endswith("/" + name) else ""
+    if parent.startswith("gpuprobe.step") and "/" not in parent:
+        return name.split("/", 1)[0] not in _COMPONENTS
+    parts = path.split("/")
+    return len(parts) > 1 and parts[-2] in _PROCESSOR_PARENTS
+
+
+def logits_processor_share(c: _Context) -> Finding | None:
+    ranges = c.report.ranges
+    if ranges is None or not c.step_ns_total:
+        return None
+    by_class: dict[str, list[int]] = {}
+    for row in ranges.rows:
+        if not _is_processor(row.path, row.name):
+            continue
+        acc = by_class.setdefault(row.name, [0, 0, 0, 0])
+        acc[0] += row.count
+        acc[1] += row.cpu_ns
+        acc[2] += row.gpu_ops
+        acc[3] += row.launches
+    steps = len(c.steps)
+    heavy = {
+        name: v for name, v in by_class.items() if v[1] / c.step_ns_total >= c.t["logits_processor_share.share"]
+    }
+    if not heavy:
+        return None
+    rows = sorted(heavy.items(), key=lambda kv: (-kv[1][1], kv[0]))
+    worst = rows[0][1][1] / c.step_ns_total
+    names = ", ".join(name for name, _ in rows)
+    return _finding(
+        "logits_processor_share",
+        "critical" if worst >= c.t["logits_processor_share.critical_share"] else "warning",
+        f"Logits processing takes {worst * 100:.0f} % of step time ({names})",
+        sum(v[1] for _, v in rows),
+        "Vectorize the processor: no Python loop over the batch or the vocabulary, no .item(); use the "
+        "built-in processors where one fits; torch.compile the processor or fold it into one masked "
+        "operation.",
+        by_class=[
+            {
+                "processor": name,
+                "share_of_step": v[1] / c.step_ns_total,
+                "calls": v[0],
+                "time_ns": v[1],
+                "time_per_step_ns": v[1] // steps if steps else None,
+                "gpu_ops_per_call": round(v[2] / v[0], 2) if v[0] else None,
+                "launches_per_call": round(v[3] / v[0], 2) if v[0] else None,
+            }
+            for name, v in rows
+        ],
+    )
+
+
+def _quarters(values: list[int]) -> tuple[float, float]:
+    """Medians of the first and the last quarter (medians: a step slowed by something else is no trend)."""
+    q = max(2, len(values) // 4)
+    return statistics.median(values[:q]), statistics.median(values[-q:])
+
+
+def kv_cache_concat(c: _Context) -> Finding | None:
+    cc = c.ev.concat
+    if cc is None or len(cc.steps) < max(2, c.t["kv_cache_concat.min_steps"]):
+        return None
+    first_ns, last_ns = _quarters(cc.ns)
+    first_n, last_n = _quarters(cc.count)
+    first_step, last_step = _quarters(cc.step_ns)
+    if not last_n:
+        return None
+    growth_ns = last_ns / first_ns if first_ns else float("inf") if last_ns else 0.0
+    growth_n = last_n / first_n if first_n else float("inf")
+    first_el: float | None = None
+    last_el: float | None = None
+    if cc.elements:  # shapes recorded: the size concatenated, free of timing noise
+        first_el, last_el = _quarters(cc.elements)
+        growth = last_el / first_el if first_el else float("inf")
+        basis = "elements"
+    else:
+        growth, basis = growth_ns, "time"
+    share = last_ns / last_step if last_step else 0.0
+    grows = growth >= c.t["kv_cache_concat.growth"] or growth_n >= c.t["kv_cache_concat.growth"]
+    if not grows or share < c.t["kv_cache_concat.share"]:
+        return None
+    extra = sum(max(0, ns - int(first_ns)) for ns in cc.ns)
+    what = "kernels" if cc.source == "kernels" else "aten::cat operators"
+    size = "elements" if basis == "elements" else "time"
+    return _finding(
+        "kv_cache_concat",
+        "warning",
+        f"Concatenation grows with the sequence: {what} concatenate {growth:.1f}x more {size} per step at the "
+        f"end than at the start ({share * 100:.1f} % of step time) — a dynamic KV cache",
+        extra,
+        "Use a static, preallocated cache: generate(..., cache_implementation='static') (or a StaticCache), "
+        "which writes new keys and values in place instead of concatenating the whole cache every step.",
+        source=cc.source,
+        basis=basis,
+        growth=growth,
+        decode_steps=len(cc.steps),
+        first_quarter_ns=round(first_ns),
+        last_quarter_ns=round(last_ns),
+        time_growth=growth_ns,
+        first_quarter_elements=first_el,
+        last_quarter_elements=last_el,
+        count_first_quarter=first_n,
+        count_last_quarter=last_n,
+        share_of_step_last_quarter=share,
+        step_ns_first_quarter=round(first_step),
+        step_ns_last_quarter=round(last_step),
+    )
+
+
+def cuda_graphs(c: _Context) -> Finding | None:
+    ev = c.ev
+    if ev.graph_launches:
+        per_step = median(ev.graph_launches_per_step) if ev.graph_launches_per_step else None
+        if not ev.graph_node_ops:
+            return _finding(
+                "cuda_graphs",
+                "warning",
+                f"{ev.graph_launches:,} CUDA graph replays, but the trace holds none of their kernels",
+                0,
+                "Record graph nodes: nsys profile --cuda-graph-trace=node; with the PyTorch profiler, a recent "
+                "torch records graph kernels by default. Without them GPU time inside graphs is unknown.",
+                graph_launches=ev.graph_launches,
+                per_step=per_step,
+                node_ops=0,
+            )
+        return _finding(
+            "cuda_graphs",
+            "info",
+            f"CUDA graphs replayed {ev.graph_launches:,} times"
+            + (f" ({per_step:g} per step)" if per_step is not None else ""),
+            0,
+            "Nothing to do: graph replays launch a whole step at once.",
+            graph_launches=ev.graph_launches,
+            per_step=per_step,
+            node_ops=ev.graph_node_ops,
+        )
+    if c.launch_bound is not None:
+        return _finding(
+            "cuda_graphs",
+            "warning",
+            "No CUDA graphs in a launch-bound run",
+            c.launch_bound.evidence["at_stake_ns"],
+            "Capture the step in a CUDA graph: torch.compile(mode='reduce-overhead'), or generate() with "
+            "cache_implementation='static' and compilation; graphs need static shapes (a static cache).",
+            graph_launches=0,
+            gpu_busy_share=c.launch_bound.evidence["gpu_busy_share"],
+        )
+    return None
+
+
+def attention_impl(c: _Context) -> Finding | None:
+    ev = c.ev
+    per = max(1, len(c.steps))
+    minimum = c.t["attention_impl.min_softmax"] * per
+    remedy = (
+        "Use fused attention: attn_implementation='sdpa' (or 'flash_attention_2' / 'flex_attention') when "
+        "loading the model, or torch.nn.functional.scaled_dot_product_attention in custom code."
+    )
+    counts = ev.cpu_op_counts
+    if counts:  # operators say what the model called, on CPU and GPU traces alike
+        fused = sum(counts.get(n, 0) for n in FUSED_ATTENTION_OPS) + ev.fused_attention_kernels
+        softmax = max(counts.get(n, 0) for n in SOFTMAX_OPS)  # aten::softmax holds aten::_softmax
+        bmm = sum(counts.get(n, 0) for n in BMM_OPS)
+        if fused or softmax < max(1, minimum) or not bmm:
+            return None
+        softmax_ns = ev.softmax_kernel_ns if c.gpu_known else max(ev.cpu_op_ns.get(n, 0) for n in SOFTMAX_OPS)
+        return _finding(
+            "attention_impl",
+            "warning",
+            f"Eager attention: {softmax:,} softmax operators between matrix products, no fused attention",
+            softmax_ns,
+            remedy,
+            softmax_ops=softmax,
+            softmax_per_step=round(softmax / per, 2),
+            softmax_ns=softmax_ns,
+            softmax_clock="gpu" if c.gpu_known else "cpu",
+            matmul_ops=bmm,
+            fused_attention=0,
+        )
+    if not c.gpu_known:
+        return None
+    cats = c.report.categories
+    gemm = next((r.count for r in cats.rows if r.category == "gemm"), 0) if cats is not None else 0
+    if ev.fused_attention_kernels or ev.softmax_kernels < max(1, minimum) or not gemm:
+        return None
+    return _finding(
+        "attention_impl",
+        "warning",
+        f"Eager attention: {ev.softmax_kernels:,} softmax kernels between matrix products, no fused attention kernel",
+        ev.softmax_kernel_ns,
+        remedy,
+        softmax_kernels=ev.softmax_kernels,
+        softmax_per_step=round(ev.softmax_kernels / per, 2),
+        softmax_ns=ev.softmax_kernel_ns,
+        gemm_kernels=gemm,
+        fused_attention=0,
+    )
+
+
+def other_category(c: _Context) -> Finding | None:
+    cats = c.report.categories
+    if cats is None or not cats.total_ns or cats.other_share < c.t["other_category.share"]:
+        return None
+    top = [
+        {"kernel": r.short_name, "count": r.count, "time_ns": r.total_ns}
+        for r in (c.report.kernels.rows if c.report.kernels is not None else [])
+        if r.category == "other"
+    ][:5]
+    other_ns = next((r.total_ns for r in cats.rows if r.category == "other"), 0)
+    return _finding(
+        "other_category",
+        "info",
+        f"{cats.other_share * 100:.0f} % of GPU time is in kernels gpuprobe cannot categorize",
+        0,
+        "Read the top 'other' kernels in the kernels section; if they are common library kernels, report "
+        "their names so that the categorizer learns them.",
+        share=cats.other_share,
+        time_ns=other_ns,
+        top=top,
+    )
+
+
+#: The rules, by id, in evaluation order (``cuda_graphs`` reads what ``launch_bound`` found).
+RULES: dict[str, Callable[[_Context], Finding | None]] = {
+    "host_sync": host_sync,
+    "pageable_memcpy": pageable_memcpy,
+    "launch_bound": launch_bound,
+    "small_kernels": small_kernels,
+    "logits_processor_share": logits_processor_share,
+    "kv_cache_concat": kv_cache_concat,
+    "cuda_graphs": cuda_graphs,
+    "attention_impl": attention_impl,
+    "other_category": other_category,
+}
+
+
+def order(findings: list[Finding]) -> list[Finding]:
+    """Most time at stake first, then the most severe, then in rule order (a cause before its remedy)."""
+    rank = {s: i for i, s in enumerate(SEVERITIES)}
+    rule = {r: i for i, r in enumerate(RULES)}
+    return sorted(
+        findings,
+        key=lambda f: (-f.evidence.get("at_stake_ns", 0), -rank[f.severity], rule.get(f.id, len(rule)), f.id),
+    )
+
+
+def evaluate(report: Report, ev: Evidence, thresholds: dict[str, float]) -> list[Finding]:
+    """Run every rule on a report whose sections are all computed."""
+    c = _Context(report, ev, thresholds)
+    found = [f for f in (rule(c) for rule in RULES.values()) if f is not None]
+    return order(found)
+
+
+def worst_at_least(findings: list[Finding], severity: str) -> bool:
+    """Whether some finding is at least as severe as ``severity``."""
+    rank = {s: i for i, s in enumerate(SEVERITIES)}
+    return any(rank[f.severity] >= rank[severity] for f in findings)
