@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import NamedTuple
 
 __all__ = [
     "CATEGORIES",
+    "RULES",
+    "KernelRule",
+    "matching_rule",
     "categorize_kernel",
     "kernel_family",
     "short_kernel_name",
@@ -45,90 +49,93 @@ CATEGORIES: tuple[str, ...] = (
     "other",
 )
 
-# (category, keywords); the first rule with a keyword in the lower-cased short name wins.
-_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (
+class KernelRule(NamedTuple):
+    """One rule of the kernel categorizer.
+
+    Attributes:
+        category: The category a match gives (one of :data:`CATEGORIES`).
+        pattern: A regular expression searched in the lower-cased short kernel name.
+        source: Where such kernels come from (a library, a vendor).
+        example: A real kernel name this rule, and no rule before it, categorizes (tested).
+    """
+
+    category: str
+    pattern: str
+    source: str
+    example: str
+
+
+#: The categorizer: the first rule whose pattern is found in the lower-cased short name wins, so
+#: the order matters (a communication kernel named ``..._gemm`` is communication). A test checks
+#: each rule's example against the rule.
+RULES: tuple[KernelRule, ...] = (
+    KernelRule("communication", r"nccl|rccl|nvshmem", "NCCL, RCCL, NVSHMEM", "ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)"),
+    KernelRule(
         "communication",
-        (
-            "nccl",
-            "all_reduce",
-            "allreduce",
-            "all_gather",
-            "allgather",
-            "reduce_scatter",
-            "reducescatter",
-            "alltoall",
-            "all_to_all",
-            "sendrecv",
-            "cross_device_reduce",
-            "nvshmem",
-        ),
+        r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv|cross_device_reduce|multimem",
+        "custom collectives (vLLM, SGLang, symmetric memory)",
+        "void vllm::cross_device_reduce_1stage<c10::BFloat16, 8>(vllm::RankData*, vllm::RankSignals, int)",
     ),
-    ("triton", ("triton",)),
-    (
+    KernelRule("triton", r"triton", "Triton (torch.compile, vLLM, SGLang)", "triton_poi_fused_add_mul_0"),
+    KernelRule(
         "attention",
-        ("flash", "fmha", "sdpa", "attention", "attn", "xformers", "mha_", "_mha", "flashinfer", "mla_"),
+        r"flash|fmha|sdpa|attention|attn|xformers|mha_|_mha|flashinfer|mla_",
+        "FlashAttention, cuDNN/CK fMHA, xFormers, FlashInfer, aiter, paged attention",
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4, false, false, cutlass::half_t, Flash_kernel_traits<64, 128, 64, 4, cutlass::half_t> >, false, true, false, false, true, true, false, false>(pytorch_flash::Flash_fwd_params)",
     ),
-    ("conv", ("conv", "fprop", "dgrad", "wgrad", "winograd", "implicit_gemm", "im2col")),
-    (
+    KernelRule(
+        "conv",
+        r"conv(?!ert)|fprop|dgrad|wgrad|winograd|implicit_gemm|im2col|igemm_(?:fwd|bwd|wrw)|miopen",
+        "cuDNN, MIOpen, Composable Kernel grouped convolutions (not type *conv*ersions)",
+        "_ZN2ck16tensor_operation6device12_GLOBAL__N_139kernel_grouped_conv_fwd_xdl_cshuffle_v3INS_28GridwiseGemm_xdl_cshuffle_v3E",
+    ),
+    KernelRule(
         "gemm",
-        (
-            "gemm",
-            "gemv",
-            "nvjet",
-            "cutlass",
-            "xmma",
-            "cublas",
-            "matmul",
-            "splitkreduce",
-            "dot_kernel",
-            "bmm",
-            "_mm_",
-            "cutensor",
-        ),
+        r"gemm|gemv|nvjet|cutlass|xmma|cublas|matmul|splitkreduce|dot_kernel|bmm|_mm_|cutensor",
+        "cuBLAS, cuBLASLt, CUTLASS, CK GEMMs",
+        "nvjet_tst_64x8_64x16_2x1_v_bz_splitK_TNT",
     ),
-    ("softmax", ("softmax",)),
-    (
+    KernelRule(
+        "gemm",
+        r"^cijk_|hipblaslt|tensile|wvsplitk",
+        "AMD Tensile and hipBLASLt (Cijk_...), ROCm skinny GEMMs",
+        "Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x32x64_MI16x16x1_SN_LDSB1_AFC1_AFEM1_AFEM1_ASEM1",
+    ),
+    KernelRule("softmax", r"softmax", "PyTorch, cuDNN", "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)"),
+    KernelRule(
         "norm",
-        (
-            "layer_norm",
-            "layernorm",
-            "rms_norm",
-            "rmsnorm",
-            "batch_norm",
-            "batchnorm",
-            "group_norm",
-            "groupnorm",
-            "rowwisemoments",
-            "gammabeta",
-            "instance_norm",
-            "l2norm",
-        ),
+        r"layer_?norm|rms_?norm|batch_?norm|group_?norm|instance_norm|l2norm|rowwisemoments|gammabeta",
+        "PyTorch, vLLM, aiter norms",
+        "std::enable_if<(((8)>(0)))&&vllm::_typeConvert<c10::BFloat16>::exists, void>::type vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(c10::BFloat16*, long, c10::BFloat16*, c10::BFloat16 const*, float, int, int)",
     ),
-    ("sort", ("sort", "topk", "radix", "bitonic")),
-    ("copy", ("copy", "catarray", "concat", "cat_kernel", "memcpy", "transpose")),
-    ("index", ("index", "indices", "gather", "scatter", "embedding", "take_", "masked_select", "nonzero")),
-    ("reduction", ("reduce", "scan", "cumsum", "argmax", "argmin", "sum_kernel", "mean_kernel", "norm_kernel")),
-    (
+    KernelRule("sort", r"sort|topk|radix|bitonic", "CUB, PyTorch", "void at_cuda_detail::cub::DeviceRadixSortOnesweepKernel<int>(int*)"),
+    KernelRule(
+        "copy",
+        r"copy|catarray|concat|cat_kernel|memcpy|transpose|store_kvcache|reshape_and_cache",
+        "copies, concatenation, KV-cache writes",
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 4, 64, 64>(float*, int)",
+    ),
+    KernelRule(
+        "index",
+        r"index|indices|gather|scatter|embedding|take_|masked_select|nonzero",
+        "PyTorch indexing",
+        "void at::native::indexSelectLargeIndex<float, long, unsigned int, 2, 2, -2, true>(float*)",
+    ),
+    KernelRule(
+        "reduction",
+        r"reduce|scan|cumsum|argmax|argmin|sum_kernel|mean_kernel|norm_kernel|max_pool|avg_pool",
+        "PyTorch reductions and pooling",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float> > >(at::native::ReduceOp<float>)",
+    ),
+    KernelRule(
         "elementwise",
-        (
-            "elementwise",
-            "pointwise",
-            "fill",
-            "foreach",
-            "multi_tensor_apply",
-            "silu",
-            "gelu",
-            "relu",
-            "act_and_mul",
-            "rotary",
-            "sigmoid",
-            "tanh",
-            "where_kernel",
-            "clamp",
-        ),
+        r"elementwise|pointwise|fill|foreach|multi_tensor_apply|silu|gelu|relu|act_and_mul|rotary|sigmoid|tanh"
+        r"|where_kernel|clamp|subtensorop",
+        "PyTorch, vLLM activations, MIOpen tensor ops",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>, std::array<char*, 1ul> >(int, at::native::FillFunctor<int>, std::array<char*, 1ul>)",
     ),
 )
+_COMPILED: tuple[tuple[str, re.Pattern[str]], ...] = tuple((r.category, re.compile(r.pattern)) for r in RULES)
 
 _TILE = re.compile(r"_?\d+x\d+(?:x\d+)*")
 _TRAILING_INDEX = re.compile(r"_\d+$")
@@ -140,11 +147,25 @@ _GENERIC_WRAPPERS = ("kernel", "kernel2", "device_kernel")
 
 def _match(text: str) -> str:
     text = text.replace("fbgemm", "fb")  # a library namespace, not a GEMM
-    for category, words in _RULES:
-        for word in words:
-            if word in text:
-                return category
+    for category, pattern in _COMPILED:
+        if pattern.search(text):
+            return category
     return "other"
+
+
+def matching_rule(name: str) -> KernelRule | None:
+    """The rule that categorizes a kernel name (on its short name, else its full name); None if none.
+
+    Example:
+        >>> matching_rule("Cijk_Alik_Bljk_BBS_BH_MT64x32x64_MI16x16x1").source
+        'AMD Tensile and hipBLASLt (Cijk_...), ROCm skinny GEMMs'
+    """
+    for text in (short_kernel_name(name).lower(), name.lower()):
+        text = text.replace("fbgemm", "fb")
+        for rule, (_, pattern) in zip(RULES, _COMPILED):
+            if pattern.search(text):
+                return rule
+    return None
 
 
 @functools.lru_cache(maxsize=16384)
@@ -170,26 +191,35 @@ def short_kernel_name(name: str) -> str:
     if "<" not in text and "(" not in text:
         return text.strip()
     out: list[str] = []
-    depth = 0
+    angle = 0  # depth of template arguments
+    paren = 0  # depth of parentheses inside template arguments, where < and > are comparisons
     start = 0
     arg_start = 0
     kept_arg = ""
     for i, ch in enumerate(text):
-        if ch == "<" or ch == "(":
-            if depth == 0:
+        if paren:
+            if ch == "(":
+                paren += 1
+            elif ch == ")":
+                paren -= 1
+            continue
+        if ch == "(":
+            if angle == 0:  # the first top-level parenthesis opens the parameter list
                 out.append(text[start:i])
-                if ch == "(":  # the first top-level parenthesis opens the parameter list
-                    break
+                break
+            paren = 1
+        elif ch == "<":
+            if angle == 0:
+                out.append(text[start:i])
                 arg_start = i + 1
-            depth += 1
-        elif ch == ">" or ch == ")":
-            depth -= 1
-            if depth == 0:
+            angle += 1
+        elif ch == ">":
+            angle -= 1
+            if angle == 0:
                 arg = text[arg_start:i]
-                plain = ch == ">" and arg and all(c.isalnum() or c in "_:" for c in arg)
-                kept_arg = arg if plain else ""
+                kept_arg = arg if arg and all(c.isalnum() or c in "_:" for c in arg) else ""
                 start = i + 1
-            elif depth < 0:
+            elif angle < 0:
                 return name.strip()
     else:
         out.append(text[start:])
@@ -291,6 +321,15 @@ _LAUNCH_NAMES = frozenset(
         "cuGraphLaunch",
         "cuLaunchGrid",
         "cuLaunchGridAsync",
+        # HIP (ROCm): kineto records them as runtime calls, linked to their kernels by correlation
+        "hipLaunchKernel",
+        "hipExtLaunchKernel",
+        "hipModuleLaunchKernel",
+        "hipExtModuleLaunchKernel",
+        "hipLaunchCooperativeKernel",
+        "hipLaunchCooperativeKernelMultiDevice",
+        "hipExtLaunchMultiKernelMultiDevice",
+        "hipGraphLaunch",
     }
 )
 
@@ -304,21 +343,24 @@ def launch_api_kind(name: str) -> str:
 
     Returns:
         ``"kernel"`` for kernel and graph launches, ``"memcpy"``, ``"memset"``, ``"sync"`` for
-        calls that block the host, else ``"other"``.
+        calls that block the host, else ``"other"``; CUDA runtime and driver calls and their HIP
+        (ROCm) counterparts alike.
 
     Example:
         >>> launch_api_kind("cudaLaunchKernel_v7000"), launch_api_kind("cudaStreamSynchronize")
         ('kernel', 'sync')
+        >>> launch_api_kind("hipExtModuleLaunchKernel"), launch_api_kind("hipMemcpyWithStream")
+        ('kernel', 'memcpy')
     """
     base = strip_api_version(name)
     for suffix in ("_ptsz", "_ptds"):
         if base.endswith(suffix):
             base = base[: -len(suffix)]
-    if base in _LAUNCH_NAMES or base.startswith(("cudaLaunchKernel", "cuLaunchKernel")):
+    if base in _LAUNCH_NAMES or base.startswith(("cudaLaunchKernel", "cuLaunchKernel", "hipLaunchKernel")):
         return "kernel"
-    if base.startswith(("cudaMemcpy", "cuMemcpy")):
+    if base.startswith(("cudaMemcpy", "cuMemcpy", "hipMemcpy")):
         return "memcpy"
-    if base.startswith(("cudaMemset", "cuMemset", "cuMemsetD")):
+    if base.startswith(("cudaMemset", "cuMemset", "cuMemsetD", "hipMemset")):
         return "memset"
     if "Synchronize" in base:
         return "sync"

@@ -82,13 +82,17 @@ def _us(ns: int) -> str:
     return f"{ns // 1000}.{ns % 1000:03d}"
 
 
-def write_trace(out: IO[str], target_bytes: int, seed: int = 0) -> tuple[int, int]:
+def write_trace(out: IO[str], target_bytes: int, seed: int = 0, rank: int | None = None, world_size: int = 1) -> tuple[int, int]:
     """Write a trace of at least ``target_bytes`` characters to ``out``.
 
     Args:
         out: A text stream.
         target_bytes: Stop after the step that crosses this size.
         seed: Random seed; the same seed gives the same file.
+        rank: Write a rank of a distributed run: ``distributedInfo`` in the header, and per step
+            an NCCL all-reduce on its own stream that overlaps the end of the forward (a slower
+            rank the higher its number).
+        world_size: The number of ranks (``distributedInfo.world_size``).
 
     Returns:
         ``(steps, events)`` written.
@@ -111,7 +115,9 @@ def write_trace(out: IO[str], target_bytes: int, seed: int = 0) -> tuple[int, in
     emit(
         '{\n  "schemaVersion": 1,\n  "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", '
         '"totalGlobalMem": 85029158912, "computeMajor": 9, "computeMinor": 0, "numSms": 132}],\n'
-        '  "record_shapes": 1,\n  "traceEvents": [\n'
+        '  "record_shapes": 1,\n'
+        + (f'  "distributedInfo": {{"backend": "nccl", "rank": {rank}, "world_size": {world_size}}},\n' if rank is not None else "")
+        + '  "traceEvents": [\n'
     )
     t = 1_000_000_000  # ns
     corr = 1
@@ -165,6 +171,25 @@ def write_trace(out: IO[str], target_bytes: int, seed: int = 0) -> tuple[int, in
                 corr += 1
                 ext += 1
         forward_end = t
+        if rank is not None:  # an all-reduce on stream 20, started before the compute stream drains
+            launch_ts = t + 500
+            comm_t = max(gpu_t - 30_000, launch_ts + 4_000)
+            comm_dur = 60_000 + rng.randrange(20_000) + rank * 1_000
+            gpu.append(
+                f'  {{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": {pid}, '
+                f'"tid": {tid}, "ts": {_us(launch_ts)}, "dur": 3.000, '
+                f'"args": {{"External id": {ext}, "cbid": 211, "correlation": {corr}}}}}'
+            )
+            gpu.append(
+                f'  {{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, '
+                f'unsigned long, ncclWork*)", "pid": 0, "tid": 20, "ts": {_us(comm_t)}, "dur": {_us(comm_dur)}, '
+                f'"args": {{"External id": {ext}, "device": 0, "context": 1, "stream": 20, "correlation": {corr}, '
+                f'"grid": [4, 1, 1], "block": [512, 1, 1]}}}}'
+            )
+            corr += 1
+            ext += 1
+            gpu_t = max(gpu_t, comm_t + comm_dur)
+            t += 4_000
         # sampling: a DtoH copy of the next token, then a memset
         sampling_start = t + 1_000
         launch_ts = sampling_start + 1_000

@@ -26,6 +26,7 @@ from gpuprobe.report._columns import (
     quantile,
     spread_of,
 )
+from gpuprobe.report._comm import communication
 from gpuprobe.report._diagnosis import Evidence, StepSpan, gather
 from gpuprobe.report._events import MEMSET, TraceInfo
 from gpuprobe.report._findings import evaluate, parse_thresholds
@@ -358,6 +359,11 @@ class _Sections:
             report.timeline = self._timeline()
         if want("cpu_ops"):
             report.cpu_ops = self._cpu_ops()
+        if want("communication") and self.gpu_known:
+            comm_ids = {i for i, c in enumerate(self.cat_of_name) if c == _CAT_INDEX["communication"]}
+            report.communication = communication(
+                self.scan, self.cols, step_windows, [r.index for r in steps.rows], comm_ids
+            )
         if want("idle") or want("flops"):
             evidence = self._evidence(step_spans, steps, step_windows)
             report.idle = evidence.idle

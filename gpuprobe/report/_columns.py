@@ -134,7 +134,7 @@ class OpRow:
 class OpRows:
     """GPU operations of some windows, as plain lists (``launch_end``: when their launch call returned)."""
 
-    __slots__ = ("start", "end", "launch_end", "name_id", "kind", "category")
+    __slots__ = ("start", "end", "launch_end", "name_id", "kind", "category", "stream_id")
 
     def __init__(
         self,
@@ -145,6 +145,7 @@ class OpRows:
         name_id: list[int],
         kind: list[int],
         category: list[int],
+        stream_id: list[int],
     ) -> None:
         self.start = start
         self.end = end
@@ -152,6 +153,7 @@ class OpRows:
         self.name_id = name_id
         self.kind = kind
         self.category = category
+        self.stream_id = stream_id
 
 
 class ByThread(Protocol):
@@ -481,6 +483,7 @@ class PythonColumns:
             name_id=[self.op_name_id[i] for i in ops],
             kind=[self.op_kind[i] for i in ops],
             category=[self.op_category[i] for i in ops],
+            stream_id=[self.op_stream_id[i] for i in ops],
         )
 
     def range_order(self) -> list[int]:
@@ -743,7 +746,7 @@ class NumpyColumns:
 
     def window_ops(self, wins: Windows) -> OpRows:
         if not wins:
-            return OpRows(start=[], end=[], launch_end=[], name_id=[], kind=[], category=[])
+            return OpRows(start=[], end=[], launch_end=[], name_id=[], kind=[], category=[], stream_id=[])
         idx = self.linked_ops[self._sel(wins)]
         starts = self.op_start[idx]
         launch = self.op_launch[idx]
@@ -754,6 +757,7 @@ class NumpyColumns:
             name_id=self.op_name_id[idx].tolist(),
             kind=self.op_kind[idx].tolist(),
             category=self.op_category[idx].tolist(),
+            stream_id=self.op_stream_id[idx].tolist(),
         )
 
     def range_order(self) -> list[int]:

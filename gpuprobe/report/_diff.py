@@ -120,6 +120,7 @@ def diff(
     engine: str = "stdlib",
     progress: Callable[[int, int], None] | None = None,
     thresholds: Mapping[str, float] | Sequence[str] | None = None,
+    jobs: int | None = None,
 ) -> DiffReport:
     """Compare two traces: overview, categories, kernel families, ranges, memory, CPU operators.
 
@@ -139,6 +140,7 @@ def diff(
         progress: As in :func:`gpuprobe.report.analyze`.
         thresholds: As in :func:`gpuprobe.report.analyze`; the ``regression.*`` ones decide which
             categories and families have regressed.
+        jobs: For a directory of rank traces (``a`` or ``b``): worker processes at most.
 
     Returns:
         The :class:`DiffReport`; its ``findings`` are the regressions and the findings of B that A
@@ -161,6 +163,12 @@ def diff(
     def get(x: str | os.PathLike[str] | Report) -> Report:
         if isinstance(x, Report):
             return x
+        if os.path.isdir(x):  # the ranks of one run: their merged report
+            from gpuprobe.report._ranks import analyze_ranks
+
+            return analyze_ranks(
+                [x], top=_ALL, step_pattern=step_pattern, engine=engine, jobs=jobs, thresholds=limits
+            )[0]
         return analyze(
             x,
             top=_ALL,

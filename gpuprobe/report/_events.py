@@ -99,6 +99,8 @@ class TraceInfo:
         correlation_by_process: Whether correlation ids are unique per process only (nsys), so
             the join of a launch and its GPU work also matches the process.
         notes: Remarks of the loader worth showing (unclosed ranges, ...).
+        rank: The process's rank in a distributed run (kineto's ``distributedInfo.rank``), if known.
+        world_size: The number of ranks of that run, if known.
 
     Example:
         >>> TraceInfo("nsys").correlation_by_process
@@ -112,6 +114,8 @@ class TraceInfo:
         self.skipped_events = 0
         self.correlation_by_process = source == "nsys"
         self.notes: list[str] = []
+        self.rank: int | None = None
+        self.world_size: int | None = None
 
 
 class FloatText(str):

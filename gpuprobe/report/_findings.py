@@ -54,6 +54,11 @@ THRESHOLDS: dict[str, Threshold] = {
         2, "softmax operators (or kernels) per step (or in a trace without steps) at least, with no fused attention"
     ),
     "other_category.share": Threshold(0.1, "share of GPU time in 'other' at or above which it fires"),
+    "exposed_communication.share": Threshold(
+        0.1, "multi-rank: exposed communication ÷ GPU time at or above which exposed_communication fires"
+    ),
+    "exposed_communication.critical_share": Threshold(0.3, "multi-rank: the share at or above which it is critical"),
+    "straggler.ratio": Threshold(1.1, "multi-rank: a rank's median step ÷ the median rank's at or above which it fires"),
     "regression.ratio": Threshold(1.1, "diff: B ÷ A at or above which a category or family has regressed"),
     "regression.min_ns": Threshold(10_000, "diff: B - A per unit (step, token) at least, in ns"),
     "regression.critical_ratio": Threshold(1.5, "diff: B ÷ A at or above which a regression is critical"),

@@ -233,6 +233,8 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
         f"launches: {s.launch_count:,} calls, {format_ns(s.launch_api_ns)} in the API; steps: {s.step_count:,}",
     ]
     tables.append(_Table(section="summary", title="Summary", columns=[], rows=[], lines=lines))
+    if report.ranks is not None:
+        tables.extend(_rank_tables(report.ranks))
     step_spread_cols = [
         _Column(header="per step (median)", key="step_median_ns", unit=_Unit.NS),
         _Column(header="p10", key="step_p10_ns", unit=_Unit.NS),
@@ -477,6 +479,25 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
                 ],
             )
         )
+    if report.communication is not None:
+        cm = report.communication
+        tables.append(
+            _Table(
+                section="communication",
+                title="Communication and computation overlap",
+                columns=[
+                    _Column(header="step", key="index", unit=_Unit.INT),
+                    _Column(header="communication", key="communication_ns", unit=_Unit.NS),
+                    _Column(header="overlapped", key="overlap_ns", unit=_Unit.NS),
+                    _Column(header="exposed", key="exposed_ns", unit=_Unit.NS),
+                ],
+                rows=cm.rows,
+                lines=[
+                    f"{cm.collectives:,} communication kernels, {format_ns(cm.communication_ns)}; overlapped with "
+                    f"other kernels {format_ns(cm.overlap_ns)}, exposed {format_ns(cm.exposed_ns)}"
+                ],
+            )
+        )
     if report.flops is not None:
         fl = report.flops
         tables.append(
@@ -496,6 +517,67 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
                     + (_format_flop_rate(r.flops_per_s) if r.flops_per_s is not None else "-")
                     for r in fl.rows[:10]
                 ],
+            )
+        )
+    return tables
+
+
+def _rank_tables(rk: Any) -> list[_Table]:
+    exposed = sum(r.exposed_communication_ns for r in rk.rows)
+    comm = sum(r.communication_ns for r in rk.rows)
+    tables = [
+        _Table(
+            section="ranks",
+            title=f"Ranks ({rk.count}, numbered by {rk.source})",
+            columns=[
+                _Column(header="rank", key="rank", unit=_Unit.INT),
+                _Column(header="kernels", key="kernel_ns", unit=_Unit.NS),
+                _Column(header="communication", key="communication_ns", unit=_Unit.NS),
+                _Column(header="overlapped", key="overlap_ns", unit=_Unit.NS),
+                _Column(header="exposed", key="exposed_communication_ns", unit=_Unit.NS),
+                _Column(header="GPU busy", key="busy_ns", unit=_Unit.NS),
+                _Column(header="span", key="span_ns", unit=_Unit.NS),
+                _Column(header="launches", key="launches", unit=_Unit.INT),
+                _Column(header="steps", key="steps", unit=_Unit.INT),
+                _Column(header="step (median)", key="step_median_ns", unit=_Unit.NS),
+                _Column(header="path", key="path", unit=_Unit.NAME, csv_only=True),
+            ],
+            rows=rk.rows,
+            lines=[f"communication {format_ns(comm)} in all, of which exposed (no other kernel running) {format_ns(exposed)}"],
+        )
+    ]
+    if rk.stragglers:
+        tables.append(
+            _Table(
+                section="stragglers",
+                title="Stragglers: the slowest rank of each step",
+                columns=[
+                    _Column(header="step", key="index", unit=_Unit.INT),
+                    _Column(header="slowest rank", key="slowest_rank", unit=_Unit.INT),
+                    _Column(header="its step", key="slowest_ns", unit=_Unit.NS),
+                    _Column(header="median rank", key="median_ns", unit=_Unit.NS),
+                    _Column(header="excess", key="excess_ns", unit=_Unit.NS),
+                    _Column(header="explained by", key="category"),
+                    _Column(header="category excess", key="category_excess_ns", unit=_Unit.NS),
+                ],
+                rows=rk.stragglers,
+            )
+        )
+    if rk.skew:
+        tables.append(
+            _Table(
+                section="skew",
+                title="Collective skew: how far apart the ranks start the same collective",
+                columns=[
+                    _Column(header="collective", key="family", unit=_Unit.NAME),
+                    _Column(header="count", key="occurrences", unit=_Unit.INT),
+                    _Column(header="median skew", key="median_skew_ns", unit=_Unit.NS),
+                    _Column(header="max skew", key="max_skew_ns", unit=_Unit.NS),
+                    _Column(header="last rank", key="last_rank", unit=_Unit.INT),
+                    _Column(header="last, share", key="last_rank_share", unit=_Unit.SHARE),
+                ],
+                rows=rk.skew,
+                lines=["on the traces' own clocks: meaningful for ranks of one node, or with synchronized clocks"],
             )
         )
     return tables

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shlex
 import sys
@@ -30,6 +31,7 @@ from gpuprobe.report._analysis import analyze
 from gpuprobe.report._diff import NORMALIZE, diff
 from gpuprobe.report._errors import ReportInputError
 from gpuprobe.report._findings import THRESHOLDS, worst_at_least
+from gpuprobe.report._ranks import analyze_ranks
 from gpuprobe.report._render import FORMATS, plot, render
 from gpuprobe.report.loaders import ENGINES
 from gpuprobe.report.model import SECTIONS, SEVERITIES
@@ -128,6 +130,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="SEVERITY",
         help=f"exit with status {EXIT_FINDINGS} when a finding this severe or worse is present "
         f"({', '.join(SEVERITIES)}; for CI gates)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="several ranks: read at most N traces at once, one process each (default: the CPU count)",
     )
     parser.add_argument(
         "--debug", action="store_true", help="on an internal error, show the traceback (for a bug report)"
@@ -235,7 +244,12 @@ def main_report(argv: list[str]) -> int:
         prog="gpuprobe report",
         description="Report on a PyTorch profiler trace (.json, .json.gz) or an Nsight Systems SQLite export.",
     )
-    parser.add_argument("trace", help="trace file")
+    parser.add_argument(
+        "trace",
+        nargs="+",
+        help="trace file; several files, or a directory of them, are the ranks of one run (merged, with a ranks "
+        "section)",
+    )
     parser.add_argument(
         "--sections",
         type=_sections,
@@ -244,6 +258,11 @@ def main_report(argv: list[str]) -> int:
         help=f"comma-separated sections to show (default: all): {', '.join(SECTIONS)}",
     )
     parser.add_argument("--plot", metavar="PATH.png", help="also save a PNG: categories and per-step timeline")
+    parser.add_argument(
+        "--by-rank",
+        action="store_true",
+        help="several ranks: after the merged report, every rank's own report (default: merged only)",
+    )
     parser.add_argument(
         "--small-us",
         type=float,
@@ -260,10 +279,14 @@ def main_report(argv: list[str]) -> int:
         computed = shown + [s for s in ("categories", "steps") if args.plot and shown and s not in shown]
         if args.fail_on and shown and "findings" not in computed:
             computed.append("findings")  # the gate reads them, shown or not
-        progress = _progress(args, os.path.basename(args.trace))
+        if len(args.trace) > 1 or os.path.isdir(args.trace[0]):
+            return _ranks(args, shown)
+        if args.by_rank:
+            raise ConfigError("--by-rank needs several traces (files, or a directory of them)")
+        progress = _progress(args, os.path.basename(args.trace[0]))
         try:
             report = analyze(
-                args.trace,
+                args.trace[0],
                 top=args.top,
                 sections=computed,
                 step_pattern=args.step_pattern,
@@ -287,6 +310,78 @@ def main_report(argv: list[str]) -> int:
     return _run(prog, argv, args.debug, work)
 
 
+class _RankProgress:
+    """``ranks: 3 of 8 read`` on stderr."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        self.stream.write(f"\rranks: {done} of {total} read")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def _ranks(args: argparse.Namespace, shown: list[str]) -> int:
+    wanted = args.progress if args.progress is not None else sys.stderr.isatty()
+    progress = _RankProgress(sys.stderr) if wanted else None
+    try:
+        merged, results = analyze_ranks(
+            args.trace,
+            top=args.top,
+            step_pattern=args.step_pattern,
+            small_us=args.small_us,
+            engine=args.engine,
+            jobs=args.jobs,
+            thresholds=args.threshold,
+            progress=progress,
+        )
+    finally:
+        if progress is not None:
+            progress.close()
+    if args.plot:
+        _write(args.plot, lambda path: plot(merged, path))
+    findings = merged.findings or []
+
+    def visible(report: Any) -> Any:
+        if not shown:
+            return report
+        return dataclasses.replace(report, **{s: None for s in SECTIONS if s != "summary" and s not in shown})
+
+    if not args.by_rank:
+        _emit(render(visible(merged), args.format, top=args.top), args.output)
+        return _gate(args.fail_on, findings)
+    if args.format == "json":
+        body = {
+            "schema": "gpuprobe.report.ranks/1",
+            "merged": visible(merged).to_dict(),
+            "ranks": [{"rank": r.rank, "path": r.path, "report": visible(r.report).to_dict()} for r in results],
+        }
+        text = json.dumps(body, indent=1) + "\n"
+    else:
+        parts = [render(visible(merged), args.format, top=args.top)]
+        for r in results:
+            title = f"Rank {r.rank}: {r.path}"
+            if args.format == "md":
+                parts.append(f"# {title}\n\n" + render(visible(r.report), "md", top=args.top))
+            elif args.format == "text":
+                parts.append(f"{title}\n{'#' * len(title)}\n\n" + render(visible(r.report), "text", top=args.top))
+            else:  # csv: each rank's tables, the section column says whose
+                rows = render(visible(r.report), "csv", top=args.top).splitlines()
+                parts.append("\n".join(
+                    line if not line or line.startswith("section,") else f"rank{r.rank}:{line}" for line in rows
+                ) + "\n")
+        text = "\n".join(parts)
+    _emit(text, args.output)
+    return _gate(args.fail_on, findings)
+
+
 def main_diff(argv: list[str]) -> int:
     """Run ``gpuprobe diff``.
 
@@ -305,8 +400,8 @@ def main_diff(argv: list[str]) -> int:
         prog="gpuprobe diff",
         description="Compare two traces by category, kernel family, range, memory operations and CPU operators.",
     )
-    parser.add_argument("a", help="baseline trace")
-    parser.add_argument("b", help="trace to compare")
+    parser.add_argument("a", help="baseline trace (or a directory of rank traces)")
+    parser.add_argument("b", help="trace to compare (or a directory of rank traces)")
     parser.add_argument(
         "--normalize",
         choices=NORMALIZE,
@@ -333,6 +428,7 @@ def main_diff(argv: list[str]) -> int:
                 engine=args.engine,
                 progress=progress,
                 thresholds=args.threshold,
+                jobs=args.jobs,
             )
         finally:
             if progress is not None:

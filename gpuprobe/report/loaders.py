@@ -121,6 +121,10 @@ class Trace:
                 raise self._fail("not a kineto trace: 'traceEvents' is not a list")
             raise self._fail("not a kineto trace: no 'traceEvents' list")
         info.base_time_ns = number_to_int(meta.get("baseTimeNanoseconds"))
+        dist = meta.get("distributedInfo")
+        if isinstance(dist, dict):
+            info.rank = number_to_int(dist.get("rank"))
+            info.world_size = number_to_int(dist.get("world_size"))
         devices = meta.get("deviceProperties")
         if isinstance(devices, list):
             info.devices = [str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name")]

@@ -19,6 +19,13 @@ __all__ = [
     "FlopsRow",
     "FlopsCategory",
     "FlopsSection",
+    "CommStepRow",
+    "CommunicationSection",
+    "RankRow",
+    "RankStepRow",
+    "StragglerRow",
+    "SkewRow",
+    "RanksSection",
     "Report",
     "Summary",
     "KernelStat",
@@ -46,6 +53,7 @@ __all__ = [
 SECTIONS: tuple[str, ...] = (
     "findings",
     "summary",
+    "ranks",
     "kernels",
     "categories",
     "families",
@@ -60,6 +68,7 @@ SECTIONS: tuple[str, ...] = (
     "cpu_ops",
     "idle",
     "flops",
+    "communication",
 )
 #: Finding severities, mildest first.
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
@@ -414,6 +423,101 @@ class FlopsSection:
 
 
 @dataclasses.dataclass
+class CommStepRow:
+    """Communication of one step (``index`` as in the steps section)."""
+
+    index: int
+    communication_ns: int
+    overlap_ns: int
+    exposed_ns: int
+
+
+@dataclasses.dataclass
+class CommunicationSection:
+    """Communication kernels (NCCL, RCCL, custom all-reduce, ...) and how much compute hides them.
+
+    ``communication_ns`` sums their durations; ``overlap_ns`` is, per device, the union of their
+    intervals intersected with the union of the other kernels' intervals, summed over devices;
+    ``exposed_ns`` is the union of communication minus the overlap: time only communication ran.
+    """
+
+    kernel_ns: int
+    collectives: int
+    communication_ns: int
+    overlap_ns: int
+    exposed_ns: int
+    rows: list[CommStepRow]
+
+
+@dataclasses.dataclass
+class RankRow:
+    """One rank of a multi-rank report (communication figures as in :class:`CommunicationSection`)."""
+
+    rank: int
+    path: str
+    kernel_ns: int | None
+    communication_ns: int
+    overlap_ns: int
+    exposed_communication_ns: int
+    busy_ns: int | None
+    span_ns: int
+    launches: int
+    steps: int
+    step_median_ns: int | None
+
+
+@dataclasses.dataclass
+class RankStepRow:
+    """One step of one rank."""
+
+    rank: int
+    index: int
+    cpu_ns: int
+    gpu_busy_ns: int | None
+    communication_ns: int
+    overlap_ns: int
+    exposed_communication_ns: int
+
+
+@dataclasses.dataclass
+class StragglerRow:
+    """One step: its slowest rank against the median rank, and the category that explains most of the gap."""
+
+    index: int
+    slowest_rank: int
+    slowest_ns: int
+    median_ns: int
+    excess_ns: int
+    category: str | None
+    category_excess_ns: int
+
+
+@dataclasses.dataclass
+class SkewRow:
+    """One collective family: how far apart the ranks start the same collective, and who is last."""
+
+    family: str
+    occurrences: int
+    median_skew_ns: int
+    max_skew_ns: int
+    last_rank: int
+    last_rank_share: float
+
+
+@dataclasses.dataclass
+class RanksSection:
+    """Several ranks of one run; ``source`` says where the ranks come from (``distributedInfo.rank``
+    or ``file order``)."""
+
+    source: str
+    count: int
+    rows: list[RankRow]
+    steps: list[RankStepRow]
+    stragglers: list[StragglerRow]
+    skew: list[SkewRow]
+
+
+@dataclasses.dataclass
 class Report:
     """Everything :func:`gpuprobe.report.analyze` found; sections not asked for are ``None``.
 
@@ -426,6 +530,7 @@ class Report:
 
     summary: Summary
     findings: list[Finding] | None = None
+    ranks: RanksSection | None = None
     kernels: KernelsSection | None = None
     categories: CategoriesSection | None = None
     families: FamiliesSection | None = None
@@ -440,6 +545,7 @@ class Report:
     cpu_ops: CpuOpsSection | None = None
     idle: IdleSection | None = None
     flops: FlopsSection | None = None
+    communication: CommunicationSection | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as plain JSON-serializable values (sections left out when ``None``).

@@ -1,0 +1,115 @@
+"""Communication against computation: per device, the union of communication kernels, the union
+of the other kernels, their overlap and the exposed rest; for the whole trace and per step. Also
+the start of each collective, by family and occurrence, for comparing ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpuprobe._kernel_names import CATEGORIES, kernel_family
+from gpuprobe.report._scan import GpuOpKind, TraceScan
+from gpuprobe.report.model import CommStepRow, CommunicationSection
+
+__all__ = ["communication", "collective_starts", "split_overlap"]
+
+_COMM = CATEGORIES.index("communication")
+_KERNEL = GpuOpKind.KERNEL.value
+
+
+def _merge(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(pairs):
+        if merged and a <= merged[-1][1]:
+            if b > merged[-1][1]:
+                merged[-1] = (merged[-1][0], b)
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _intersection(x: list[tuple[int, int]], y: list[tuple[int, int]]) -> int:
+    total = 0
+    i = j = 0
+    while i < len(x) and j < len(y):
+        a = max(x[i][0], y[j][0])
+        b = min(x[i][1], y[j][1])
+        if b > a:
+            total += b - a
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def split_overlap(kernels: Iterable[tuple[int, int, int, bool]]) -> tuple[int, int, int]:
+    """``(communication ns, overlap ns, exposed ns)`` of kernels ``(device, start, end, is_comm)``.
+
+    Example:
+        >>> split_overlap([(0, 0, 10, True), (0, 5, 20, False), (1, 0, 4, True)])
+        (14, 5, 9)
+    """
+    comm: dict[int, list[tuple[int, int]]] = {}
+    other: dict[int, list[tuple[int, int]]] = {}
+    total = 0
+    for device, start, end, is_comm in kernels:
+        if is_comm:
+            comm.setdefault(device, []).append((start, end))
+            total += end - start
+        else:
+            other.setdefault(device, []).append((start, end))
+    overlap = exposed = 0
+    for device, pairs in comm.items():
+        merged = _merge(pairs)
+        both = _intersection(merged, _merge(other.get(device, [])))
+        overlap += both
+        exposed += sum(b - a for a, b in merged) - both
+    return total, overlap, exposed
+
+
+def communication(
+    scan: TraceScan, cols: object, step_windows: list[list[tuple[int, int]]], step_indexes: list[int], comm_names: set[int]
+) -> CommunicationSection | None:
+    """The communication section of a trace; None without communication kernels."""
+    if not comm_names:
+        return None
+    ops = scan.ops
+    devices = [device for device, _ in scan.streams]
+    kernels = [
+        (devices[sid], s, s + d, nid in comm_names)
+        for k, nid, s, d, sid in zip(ops.kind, ops.name_id, ops.start, ops.dur, ops.stream_id)
+        if k == _KERNEL
+    ]
+    total, overlap, exposed = split_overlap(kernels)
+    rows = []
+    for index, wins in zip(step_indexes, step_windows):
+        w = cols.window_ops(wins)  # type: ignore[attr-defined]
+        step = [
+            (devices[sid], a, b, nid in comm_names)
+            for k, nid, a, b, sid in zip(w.kind, w.name_id, w.start, w.end, w.stream_id)
+            if k == _KERNEL
+        ]
+        c, o, e = split_overlap(step)
+        rows.append(CommStepRow(index=index, communication_ns=c, overlap_ns=o, exposed_ns=e))
+    return CommunicationSection(
+        kernel_ns=sum(e - s for _, s, e, _ in kernels),
+        collectives=sum(1 for k in kernels if k[3]),
+        communication_ns=total,
+        overlap_ns=overlap,
+        exposed_ns=exposed,
+        rows=rows,
+    )
+
+
+def collective_starts(scan: TraceScan, gpu_names: list[str], comm_names: set[int]) -> dict[str, list[int]]:
+    """Start times of the communication kernels, by kernel family, in time order (the k-th of a
+    family on each rank is taken for the same collective)."""
+    ops = scan.ops
+    family = {nid: kernel_family(gpu_names[nid]) for nid in comm_names}
+    out: dict[str, list[int]] = {}
+    for k, nid, s in zip(ops.kind, ops.name_id, ops.start):
+        if k == _KERNEL and nid in comm_names:
+            out.setdefault(family[nid], []).append(s)
+    for starts in out.values():
+        starts.sort()
+    return out
