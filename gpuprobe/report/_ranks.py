@@ -188,7 +188,7 @@ def _run_all(
             if progress is not None:
                 progress(i + 1, total)
         return out
-    # One child process per trace (python -m gpuprobe.report._rank_worker), `jobs` at a time: a worker's
+    # One child process per trace (see _WORKER), `jobs` at a time: a worker's
     # memory is one trace's and is returned to the system when it exits; unlike a multiprocessing
     # pool, nothing depends on how the caller's __main__ can be re-imported.
     spec = json.dumps({
@@ -197,10 +197,12 @@ def _run_all(
     })
     done = 0
     lock = threading.Lock()
+    # the workers import the same gpuprobe as this process, whatever their working directory holds
+    root = str(Path(__file__).resolve().parents[2])
 
     def one(path: str) -> RankResult:
         nonlocal done
-        proc = subprocess.run([sys.executable, "-m", "gpuprobe.report._rank_worker", path, spec], capture_output=True)
+        proc = subprocess.run([sys.executable, "-c", _WORKER, root, path, spec], capture_output=True)
         try:
             status, payload = pickle.loads(proc.stdout)
         except Exception:
@@ -222,8 +224,16 @@ def _run_all(
         return list(pool.map(one, files))
 
 
+# A worker: gpuprobe imported from where this process has it, one rank read, its result pickled on
+# stdout (named gpuprobe.report._ranks.RankResult, never __main__'s).
+_WORKER = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from gpuprobe.report._ranks import worker_main; "
+    "raise SystemExit(worker_main(sys.argv[2:]))"
+)
+
+
 def worker_main(argv: list[str]) -> int:
-    """``python -m gpuprobe.report._rank_worker PATH SPEC``: one rank, its result pickled on stdout."""
+    """One rank (``argv``: the trace and the options as JSON), its result pickled on stdout."""
     path, spec_text = argv
     spec = json.loads(spec_text)
     options = Options(top=spec["top"], step_pattern=spec["step_pattern"], small_ns=spec["small_ns"],
