@@ -40,6 +40,8 @@ __all__ = [
     "quantile",
     "spread_of",
     "union_of",
+    "merge_intervals",
+    "overlap_length",
 ]
 
 #: Runs ``[lo, hi)`` of positions in one :class:`ByThread` order.
@@ -212,6 +214,44 @@ def union_of(pairs: list[tuple[int, int]]) -> int:
         elif end > cover:
             total += end - cover
             cover = end
+    return total
+
+
+def merge_intervals(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of ``(start, end)`` intervals, as sorted disjoint intervals.
+
+    Example:
+        >>> merge_intervals([(5, 12), (0, 10), (20, 25)])
+        [(0, 12), (20, 25)]
+    """
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(pairs):
+        if merged and a <= merged[-1][1]:
+            if b > merged[-1][1]:
+                merged[-1] = (merged[-1][0], b)
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def overlap_length(x: Sequence[tuple[int, int]], y: Sequence[tuple[int, int]]) -> int:
+    """Length of ``x`` ∩ ``y``, both sorted and disjoint (one merge pass).
+
+    Example:
+        >>> overlap_length([(0, 10), (20, 30)], [(5, 25)])
+        10
+    """
+    total = 0
+    i = j = 0
+    while i < len(x) and j < len(y):
+        a = max(x[i][0], y[j][0])
+        b = min(x[i][1], y[j][1])
+        if b > a:
+            total += b - a
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
     return total
 
 

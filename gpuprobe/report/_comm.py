@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpuprobe._kernel_names import CATEGORIES, kernel_family
+from gpuprobe.report._columns import merge_intervals, overlap_length
 from gpuprobe.report._scan import GpuOpKind, TraceScan
 from gpuprobe.report.model import CommStepRow, CommunicationSection
 
@@ -14,32 +15,6 @@ __all__ = ["communication", "collective_starts", "split_overlap"]
 
 _COMM = CATEGORIES.index("communication")
 _KERNEL = GpuOpKind.KERNEL.value
-
-
-def _merge(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for a, b in sorted(pairs):
-        if merged and a <= merged[-1][1]:
-            if b > merged[-1][1]:
-                merged[-1] = (merged[-1][0], b)
-        else:
-            merged.append((a, b))
-    return merged
-
-
-def _intersection(x: list[tuple[int, int]], y: list[tuple[int, int]]) -> int:
-    total = 0
-    i = j = 0
-    while i < len(x) and j < len(y):
-        a = max(x[i][0], y[j][0])
-        b = min(x[i][1], y[j][1])
-        if b > a:
-            total += b - a
-        if x[i][1] < y[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
 
 
 def split_overlap(kernels: Iterable[tuple[int, int, int, bool]]) -> tuple[int, int, int]:
@@ -60,8 +35,8 @@ def split_overlap(kernels: Iterable[tuple[int, int, int, bool]]) -> tuple[int, i
             other.setdefault(device, []).append((start, end))
     overlap = exposed = 0
     for device, pairs in comm.items():
-        merged = _merge(pairs)
-        both = _intersection(merged, _merge(other.get(device, [])))
+        merged = merge_intervals(pairs)
+        both = overlap_length(merged, merge_intervals(other.get(device, [])))
         overlap += both
         exposed += sum(b - a for a, b in merged) - both
     return total, overlap, exposed

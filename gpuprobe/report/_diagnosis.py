@@ -20,7 +20,7 @@ from gpuprobe._kernel_names import (
     categorize_cpu_op,
     short_kernel_name,
 )
-from gpuprobe.report._columns import NumpyColumns, PythonColumns, Windows, quantile
+from gpuprobe.report._columns import NumpyColumns, PythonColumns, Windows, merge_intervals, overlap_length, quantile
 from gpuprobe.report._scan import GpuOpKind, TraceScan
 from gpuprobe.report.model import FlopsCategory, FlopsRow, FlopsSection, IdleRow, IdleSection
 
@@ -193,33 +193,8 @@ def _step_of(steps: list[StepSpan], starts: list[int], thread: int, at: int, ste
     return -1
 
 
-def _overlap(pairs: list[tuple[int, int]], cut: list[tuple[int, int]]) -> int:
-    """Length of ``pairs`` ∩ ``cut``, both sorted and disjoint (one merge pass)."""
-    total = 0
-    j = 0
-    for a, b in pairs:
-        while j < len(cut) and cut[j][1] <= a:
-            j += 1
-        k = j
-        while k < len(cut) and cut[k][0] < b:
-            total += min(b, cut[k][1]) - max(a, cut[k][0])
-            k += 1
-    return total
-
-
 def _length(pairs: Iterable[tuple[int, int]]) -> int:
     return sum(b - a for a, b in pairs)
-
-
-def _merge(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for a, b in sorted(pairs):
-        if merged and a <= merged[-1][1]:
-            if b > merged[-1][1]:
-                merged[-1] = (merged[-1][0], b)
-        else:
-            merged.append((a, b))
-    return merged
 
 
 def idle_row(
@@ -265,9 +240,9 @@ def idle_row(
     if w1 > cover:  # after the last operation: nothing more launched in this step
         gaps.append((cover, w1))
         launch_part.append((cover, w1))
-    sync_cut = _merge([(max(s, w0), min(e, w1)) for s, e in syncs if min(e, w1) > max(s, w0)])
-    sync_idle = _overlap(gaps, sync_cut)
-    launch_idle = _length(launch_part) - _overlap(launch_part, sync_cut)
+    sync_cut = merge_intervals([(max(s, w0), min(e, w1)) for s, e in syncs if min(e, w1) > max(s, w0)])
+    sync_idle = overlap_length(gaps, sync_cut)
+    launch_idle = _length(launch_part) - overlap_length(launch_part, sync_cut)
     idle = _length(gaps)
     return IdleRow(
         index=index,

@@ -310,27 +310,18 @@ def main_report(argv: list[str]) -> int:
     return _run(prog, argv, args.debug, work)
 
 
-class _RankProgress:
+class _RankProgress(_Progress):
     """``ranks: 3 of 8 read`` on stderr."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.drawn = False
 
     def __call__(self, done: int, total: int) -> None:
         self.stream.write(f"\rranks: {done} of {total} read")
         self.stream.flush()
         self.drawn = True
 
-    def close(self) -> None:
-        if self.drawn:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-
 
 def _ranks(args: argparse.Namespace, shown: list[str]) -> int:
     wanted = args.progress if args.progress is not None else sys.stderr.isatty()
-    progress = _RankProgress(sys.stderr) if wanted else None
+    progress = _RankProgress("ranks", sys.stderr) if wanted else None
     try:
         merged, results = analyze_ranks(
             args.trace,
