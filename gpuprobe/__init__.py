@@ -89,13 +89,16 @@ def configure(*, meter_provider: Any = None, **settings: Any) -> Config:
 
 
 def info() -> dict[str, Any]:
-    """Which backends are active: timing, NVTX, memory, exporters; and the switches.
+    """Which backends are active: timing, NVTX, memory, exporters; the switches; under
+    ``utilization``, for each instrumented model and device whether its MBU and MFU are exported, and why;
+    under ``profile``, the on-demand capture triggers and the last captures.
 
     Example:
         >>> import gpuprobe
         >>> sorted(gpuprobe.info())[:3]
         ['device', 'disabled_by_env', 'enabled']
     """
+    from . import _on_demand, _utilization
     from .runtime import DISABLED_AT_IMPORT, runtime
 
     rt = runtime()
@@ -110,6 +113,12 @@ def info() -> dict[str, Any]:
         "device": rt.registry.const_labels["gpuprobe.device"],
         "rank": rt.settings.rank,
         "exporters": [repr(e) for e in rt.lifecycle.items()],
+        # The sync audit (docs/sync-audit.md): its setting, and the last places it first saw a host sync.
+        "sync_audit": rt.settings.sync_audit,
+        "sync_sites": [dict(site) for site in rt.sync_sites.recent],
+        "utilization": _utilization.status(),
+        # On-demand captures (docs/capture.md): the endpoint, the signal, the slow-step trigger, the last captures.
+        "profile": _on_demand.status(rt),
     }
 
 

@@ -1,5 +1,5 @@
-"""What the settings start, in one place above the core: snapshot triggers, a profile window, kernel
-sampling, JSONL / OTLP / Prometheus exporters.
+"""What the settings start, in one place above the core: snapshot triggers, a profile window, on-demand
+capture triggers (a signal, slow steps), kernel sampling, JSONL / OTLP / Prometheus exporters.
 
 :func:`start_from_settings` is registered with the runtime when ``gpuprobe`` is imported and runs
 whenever settings are applied (first use, ``configure()``, ``gpuprobe.testing.reset()``). Each
@@ -10,7 +10,7 @@ optional dependency, and the core (:mod:`gpuprobe.runtime`) never imports an exp
 from __future__ import annotations
 
 from . import memory
-from .runtime import Runtime, on_start
+from .runtime import DISABLED_AT_IMPORT, Runtime, on_start
 
 __all__ = ["start_from_settings"]
 
@@ -41,6 +41,10 @@ def start_from_settings(rt: Runtime) -> None:
         from .profiling import start_window_from_settings
 
         start_window_from_settings(rt)
+    if (cfg.profile_signal != "off" or cfg.profile_slow_step) and not DISABLED_AT_IMPORT:
+        from . import _on_demand
+
+        _on_demand.start_from_settings(rt)  # on-demand captures: the signal, slow steps (docs/capture.md)
     if cfg.kernel_sampling:
         from .profiling import KernelSampler
 

@@ -36,6 +36,14 @@ REQUEST_BUCKETS = tuple(round(0.01 * 2**i, 2) for i in range(16))  # 0.01 … 32
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 PROBE_BUCKETS = (0.000001, 0.0000025, 0.000005, 0.00001, 0.000025, 0.00005) + STEP_BUCKETS + (5.0, 10.0, 30.0, 60.0)
+# Fractions of a peak: decode-step MFU at batch 1 sits near 0.001-0.01, decode MBU and prefill MFU in 0.1-0.9.
+UTILIZATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6,
+                       0.7, 0.8, 0.9, 1.0)
+# Serving: a request may wait from well under a millisecond (an idle server) to minutes (an overloaded one).
+QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                 120.0, 300.0)
+# Tokens of one continuous-batching step: 1 (a lone decode) to max_batch_tokens (often 256-16384).
+BATCH_TOKEN_BUCKETS = tuple(2**i for i in range(16))  # 1 … 32768, doubling
 
 NS = 1e-9
 
@@ -60,9 +68,14 @@ def _spec(*args: Any, **kwargs: Any) -> tuple[str, MetricSpec]:
 SPECS: dict[str, MetricSpec] = dict(
     [
         _spec("gen_ai.server.time_to_first_token", "histogram", "s",
-              "Time from the generate() call to the first new token selected", TTFT_BUCKETS, NS),
+              "Time from the request to its first output token: clock=host when the host holds the token "
+              "(what a client sees), clock=device on the GPU's clock", TTFT_BUCKETS, NS),
         _spec("gen_ai.server.time_per_output_token", "histogram", "s",
-              "Inter-token latency: one sample per decode step", STEP_BUCKETS, NS),
+              "Per successful request of two tokens or more: (duration − TTFT) ÷ (output tokens − 1)",
+              STEP_BUCKETS, NS),
+        _spec("gpuprobe.inter_token.duration", "histogram", "s",
+              "Inter-token latency: time between two consecutive output tokens, one sample per decode step",
+              STEP_BUCKETS, NS),
         _spec("gen_ai.server.request.duration", "histogram", "s",
               "Duration of a whole generate() call", REQUEST_BUCKETS, NS),
         _spec("gen_ai.client.token.usage", "histogram", "{token}",
@@ -85,7 +98,29 @@ SPECS: dict[str, MetricSpec] = dict(
         _spec("gpuprobe.kv_cache.sequence_length", "gauge", "{token}", "Sequence length held by the KV cache"),
         _spec("gpuprobe.kernel.time", "counter", "s", "GPU kernel time by category, from sampled profiling", None),
         _spec("gpuprobe.kernel.launches", "counter", "{launch}", "Kernel launches by category, from sampled profiling"),
+        _spec("gpuprobe.step.syncs", "counter", "{sync}",
+              "Operations that force a device-to-host synchronisation, on audited steps (sync audit)"),
+        _spec("gpuprobe.step.audited", "counter", "{step}",
+              "Generation steps the sync audit counted (syncs per step = syncs ÷ audited steps)"),
         _spec("gpuprobe.telemetry.dropped", "counter", "{record}", "Telemetry records dropped, by reason"),
+        _spec("gpuprobe.step.memory_bandwidth.utilization", "histogram", "1",
+              "Bytes a step must read (weights, KV cache) ÷ step time ÷ peak memory bandwidth", UTILIZATION_BUCKETS),
+        _spec("gpuprobe.step.flops.utilization", "histogram", "1",
+              "Model FLOPs of a step ÷ step time ÷ peak FLOP/s of the parameters' dtype", UTILIZATION_BUCKETS),
+        _spec("gpuprobe.request.queue.duration", "histogram", "s",
+              "Serving: time from a request's arrival to its first scheduled step", QUEUE_BUCKETS, NS),
+        _spec("gpuprobe.requests.running", "gauge", "{request}",
+              "Serving: requests the scheduler is running (prefilling or decoding)"),
+        _spec("gpuprobe.requests.waiting", "gauge", "{request}", "Serving: requests waiting to be scheduled"),
+        _spec("gpuprobe.requests.preempted", "counter", "{request}",
+              "Serving: running requests evicted from the KV cache to make room (offloaded or restarted)"),
+        _spec("gpuprobe.requests.finished", "counter", "{request}", "Serving: requests that ended, by finish reason"),
+        _spec("gpuprobe.kv_cache.usage", "gauge", "1", "Serving: fraction of the paged KV cache's blocks in use"),
+        _spec("gpuprobe.kv_cache.blocks", "gauge", "{block}", "Serving: paged KV cache blocks in use, and in all"),
+        _spec("gpuprobe.batch.tokens", "histogram", "{token}",
+              "Serving: tokens scheduled per continuous-batching step, by phase", BATCH_TOKEN_BUCKETS),
+        _spec("gpuprobe.batch.requests", "histogram", "{request}",
+              "Serving: requests scheduled per continuous-batching step", BATCH_BUCKETS),
     ]
 )
 

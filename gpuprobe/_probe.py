@@ -53,6 +53,7 @@ from time import perf_counter_ns
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
+from . import _sync_audit
 from .errors import ConfigError
 from .runtime import DISABLED_AT_IMPORT, Runtime, on_reconfigure, runtime
 
@@ -111,7 +112,9 @@ _is_compiling: Callable[[], bool] = _is_compiling_lazy
 _ATTR_TYPES = (str, int, float, bool)
 
 
-def _check(name: Any, kind: Any, attrs: Any, every: Any) -> dict[str, str]:
+def _check(name: Any, kind: Any, attrs: Any, every: Any, sync_audit: Any = False) -> dict[str, str]:
+    if not isinstance(sync_audit, bool):
+        raise ConfigError(f"probe sync_audit= must be True or False, got {sync_audit!r}")
     if name is not None and (not isinstance(name, str) or not name):
         raise ConfigError(f"probe name must be a non-empty string, got {name!r}")
     if not isinstance(kind, str) or not kind:
@@ -160,7 +163,7 @@ class _Binding:
     """What one probe uses under one backends snapshot (replaced whole at a reconfiguration)."""
 
     __slots__ = ("generation", "nvtx", "push", "pop", "start_range", "end_range", "handle", "clock", "timed",
-                 "device", "memory", "limit")
+                 "device", "memory", "limit", "audit")
 
     def __init__(self, site: Probe, rt: Runtime) -> None:
         b = rt.backends
@@ -177,6 +180,7 @@ class _Binding:
                                                                    **site.attrs) if clock is not None else None)
         self.memory = bool(rt.settings.memory if site.memory is None else site.memory)
         self.limit = rt.settings.buffer_size
+        self.audit = site.sync_audit
 
 
 class Probe:
@@ -186,17 +190,19 @@ class Probe:
     """
 
     __slots__ = (
-        "name", "kind", "attrs", "every", "memory", "rt", "host", "_b", "_errors", "_mem", "_n", "_stack",
-        "_tasks", "_local", "_wrappers", "__weakref__",
+        "name", "kind", "attrs", "every", "memory", "sync_audit", "rt", "host", "_b", "_errors", "_mem", "_n",
+        "_stack", "_tasks", "_local", "_wrappers", "_syncs", "__weakref__",
     )
 
     def __init__(self, name: str | None, kind: str = "user", attrs: Mapping[str, Any] | None = None,
-                 every: int = 1, memory: bool | None = None) -> None:
-        self.attrs = _check(name, kind, attrs, every)
+                 every: int = 1, memory: bool | None = None, sync_audit: bool = False) -> None:
+        self.attrs = _check(name, kind, attrs, every, sync_audit)
         self.name = name
         self.kind = kind
         self.every = every
         self.memory = memory
+        self.sync_audit = sync_audit
+        self._syncs: dict[str, Any] = {}  # op name -> gpuprobe.step.syncs series (sync_audit=True)
         self._n = 0
         self._stack = threading.local()  # .frames: this thread's open `with` blocks
         self._tasks: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(f"gpuprobe:{name}", default=())
@@ -262,6 +268,31 @@ class Probe:
     def _new_queue(self) -> Any:
         return self.rt.buffers.value_queue(self.host, self._local)
 
+    def _audit_start(self) -> Any:
+        """Enter a sync-audit dispatch mode for this call (None while a CUDA graph capture is underway)."""
+        rt = self.rt
+        if rt.capture.underway:
+            return None
+        try:
+            mode = _sync_audit.new_mode(rt.sync_sites)
+            mode.where = ("probe", self.name)
+            mode.__enter__()
+        except Exception as exc:
+            rt.warn_once("sync_audit", f"gpuprobe: the sync audit could not start: {exc!r}")
+            return None
+        return mode
+
+    def _audit_stop(self, mode: Any) -> None:
+        mode.__exit__(None, None, None)
+        _sync_audit.flush(mode, self._sync_child, self.rt.thread_records())
+
+    def _sync_child(self, where: Any, op: str) -> Any:
+        found = self._syncs.get(op)
+        if found is None:
+            found = self.rt.family("gpuprobe.step.syncs").child(component="probe", processor=self.name, op=op).apply
+            self._syncs[op] = found
+        return found
+
     def _skip(self) -> bool:
         # Sampling: record one call in ``every`` (a racy count across threads is fine for sampling).
         self._n += 1
@@ -276,11 +307,14 @@ class Probe:
         site = self
         if self.name is None:
             site = Probe(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "callable"),
-                         self.kind, self.attrs, self.every, self.memory)
+                         self.kind, self.attrs, self.every, self.memory, self.sync_audit)
         if inspect.isasyncgenfunction(fn):
             raise TypeError(
                 f"probe() cannot wrap the async generator {fn.__qualname__}; use 'async with probe(...)' inside it"
             )
+        if site.sync_audit and (inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn)):
+            raise ConfigError(f"probe(sync_audit=True) audits functions and with-blocks, not {fn.__qualname__}: "
+                              "coroutines and generators interleave with other work on their thread")
         if inspect.iscoroutinefunction(fn):
             return _wrap_async(fn, site)  # type: ignore[return-value]
         if inspect.isgeneratorfunction(fn):
@@ -306,15 +340,19 @@ class Probe:
             return self
         if b.nvtx:
             b.push(b.handle)
-        frames.append((b, b.clock.start() if b.timed else None, perf_counter_ns()))
+        token = b.clock.start() if b.timed else None
+        audit = self._audit_start() if b.audit else None
+        frames.append((b, token, perf_counter_ns(), audit))
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         frame = self._frames().pop()
         if frame is None:
             return
-        b, token, t0 = frame
+        b, token, t0, audit = frame
         dt = perf_counter_ns() - t0
+        if audit is not None:
+            self._audit_stop(audit)
         if token is not None:
             self.rt.add_pending(b.device, b.clock.stop(token))
         if b.nvtx:
@@ -325,6 +363,9 @@ class Probe:
         b = self._b
         if b is None:
             raise ConfigError(_NAMELESS)
+        if b.audit:
+            raise ConfigError(f"probe({self.name!r}, sync_audit=True) audits functions and with-blocks, not "
+                              "'async with': coroutines interleave with other work on their thread")
         stack = self._tasks.get()
         if not _on or _is_compiling() or (self.every > 1 and self._skip()):
             self._tasks.set((*stack, None))
@@ -389,7 +430,7 @@ def _gp_factory(_gp_fn, _gp_site, _gp_defaults, _gp_kwdefaults, _gp_local, _gp_l
     def wrapper({params}):
         if not _on or _is_compiling(){sampled_check}:
             return _gp_fn({call})
-{nvtx_push}{timer_start}        _gp_t0 = perf_counter_ns()
+{nvtx_push}{timer_start}{audit_start}        _gp_t0 = perf_counter_ns()
         try:
             return _gp_fn({call})
         except BaseException as _gp_exc:
@@ -397,7 +438,7 @@ def _gp_factory(_gp_fn, _gp_site, _gp_defaults, _gp_kwdefaults, _gp_local, _gp_l
             raise
         finally:
             _gp_dt = perf_counter_ns() - _gp_t0
-{timer_stop}{nvtx_pop}{memory}            try:
+{audit_stop}{timer_stop}{nvtx_pop}{memory}            try:
                 # Why inline, and a bare value: a method call costs ~60 ns and a tuple per record
                 # ~30 ns; the queue belongs to this probe and this thread.
                 _gp_queue = _gp_local.queue
@@ -424,6 +465,9 @@ _PARTS = {
                   "                _gp_site._device_stop(_gp_tok)\n",
     "nvtx_pop": "            _gp_site._nvtx_pop()\n",
     "memory": "            _gp_site._read_memory()\n",
+    "audit_start": "        _gp_audit = _gp_site._audit_start()\n",
+    "audit_stop": "            if _gp_audit is not None:\n"
+                  "                _gp_site._audit_stop(_gp_audit)\n",
 }
 
 _factories: dict[tuple[Any, ...], Callable[..., Any]] = {}
@@ -499,6 +543,8 @@ def _build(fn: Callable[..., Any], site: Probe, params: str, call: str, defaults
         "timer_start": timed,
         "timer_stop": timed,
         "memory": b.memory,
+        "audit_start": b.audit,
+        "audit_stop": b.audit,
     }
     key = (params, call, tuple(sorted(k for k, on in wanted.items() if on)))
     factory = _factories.get(key)
@@ -602,11 +648,11 @@ def probe(fn: F, /) -> F: ...
 
 @overload
 def probe(name: str | None = None, /, *, kind: str = "user", attrs: Mapping[str, Any] | None = None,
-          every: int = 1, memory: bool | None = None) -> Probe: ...
+          every: int = 1, memory: bool | None = None, sync_audit: bool = False) -> Probe: ...
 
 
 def probe(name: Any = None, /, *, kind: str = "user", attrs: Mapping[str, Any] | None = None,
-          every: int = 1, memory: bool | None = None) -> Any:
+          every: int = 1, memory: bool | None = None, sync_audit: bool = False) -> Any:
     """Measure a function or a block: NVTX range, host (and CUDA-event) time, optional memory.
 
     Args:
@@ -619,6 +665,10 @@ def probe(name: Any = None, /, *, kind: str = "user", attrs: Mapping[str, Any] |
             into ``other``.
         every: record one call in ``every`` (sampling); the others run unmeasured.
         memory: read memory at the end of each recorded call (default: the ``memory`` setting).
+        sync_audit: count the operations that force a device-to-host synchronisation inside each
+            recorded call (a function or a ``with`` block), in ``gpuprobe.step.syncs`` with
+            ``component="probe"`` and ``processor=<name>`` (see ``docs/sync-audit.md``). Every ATen
+            operator of an audited call then runs through a dispatch mode: use ``every=`` on hot paths.
 
     Returns:
         The wrapped function (decorator forms) or a :class:`Probe` (``with`` forms).
@@ -639,21 +689,21 @@ def probe(name: Any = None, /, *, kind: str = "user", attrs: Mapping[str, Any] |
     if callable(name) and not isinstance(name, str):
         if DISABLED_AT_IMPORT:
             return name
-        return Probe(None, kind, attrs, every, memory)(name)
+        return Probe(None, kind, attrs, every, memory, sync_audit)(name)
     if DISABLED_AT_IMPORT:
-        _check(name, kind, attrs, every)
+        _check(name, kind, attrs, every, sync_audit)
         return _DisabledProbe(name is not None)
     if name is None:
-        return Probe(None, kind, attrs, every, memory)
+        return Probe(None, kind, attrs, every, memory, sync_audit)
     # Why a cache: `with probe("x"):` in a loop would otherwise register the NVTX string and look up
     # its series on every pass (~5 us); a dict hit is ~0.2 us.
     try:
-        key = (name, kind, tuple(sorted(attrs.items())) if attrs else (), every, memory)
+        key = (name, kind, tuple(sorted(attrs.items())) if attrs else (), every, memory, sync_audit)
         found = _cache.get(key)
     except (TypeError, AttributeError):  # bad attrs: let _check name the problem
         key, found = None, None
     if found is None:
-        found = Probe(name, kind, attrs, every, memory)
+        found = Probe(name, kind, attrs, every, memory, sync_audit)
         if key is not None and len(_cache) < 10_000:
             _cache[key] = found
     return found

@@ -38,6 +38,7 @@ class StepClock:
         self.hooks: tuple[StepHook, ...] = ()  # read-only outside: use add_hook / remove_hook
         self._done_hooks: tuple[Callable[[], None], ...] = ()
         self._on_hook_error = on_hook_error
+        self._traced = threading.local()  # .index: the step a trace records ranges of, on this thread
 
     @property
     def index(self) -> int:
@@ -55,6 +56,18 @@ class StepClock:
             except Exception as exc:
                 self._on_hook_error(hook, exc)
         return index
+
+    def mark_traced(self, index: int) -> None:
+        """A hook says that a trace records step ``index`` on the calling thread (a profile window).
+
+        Whoever advanced the step reads it back with :meth:`traced` right after :meth:`advance`, so a
+        mark needs no clearing: the next step has another index.
+        """
+        self._traced.index = index
+
+    def traced(self, index: int) -> bool:
+        """Whether a hook marked step ``index`` as traced on the calling thread (see :meth:`mark_traced`)."""
+        return getattr(self._traced, "index", -1) == index
 
     def add_hook(self, hook: StepHook, *, first: bool = False) -> None:
         """Run ``hook(index)`` at every step start (``first``: before the hooks already there)."""
@@ -95,6 +108,7 @@ class StepClock:
         with self._lock:
             self._counter = itertools.count()
             self._index = -1
+            self._traced = threading.local()  # indexes repeat from now: forget the marks
 
     def reset_after_fork(self) -> None:
         """In a forked child: the lock may have been held by a thread that does not exist here."""

@@ -1,4 +1,4 @@
-"""Command line: ``python -m gpuprobe demo|report|diff|dashboard|info``.
+"""Command line: ``python -m gpuprobe run|demo|report|diff|dashboard|info``.
 
 Each subcommand lives in its own module and is imported only when asked for, so ``gpuprobe info``
 works with no optional dependency installed.
@@ -13,6 +13,7 @@ import sys
 __all__ = ["main"]
 
 _COMMANDS = {
+    "run": ("gpuprobe.run", "main", "run a Python program with gpuprobe switched on inside it, no code change"),
     "demo": ("gpuprobe.demo", "main", "run a tiny model's generate() with probes on and serve live metrics"),
     "report": ("gpuprobe.report.cli", "main_report", "summarize a kineto (.json/.json.gz) or nsys (.sqlite) trace"),
     "diff": ("gpuprobe.report.cli", "main_diff", "compare two traces side by side"),

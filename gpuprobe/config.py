@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["Config", "Setting", "SETTINGS", "load", "replace", "parse_steps", "settings_table"]
+__all__ = ["Config", "Setting", "SETTINGS", "load", "replace", "parse_steps", "parse_duration", "settings_table"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -94,6 +95,105 @@ def _trace_output(name: str, raw: Any) -> str:
     if text not in ("auto", "none") and not (text.endswith(".json") or text.endswith(".json.gz")):
         raise ConfigError(f"{name} must be 'auto', 'none' or a path ending in .json or .json.gz, got {raw!r}")
     return text
+
+
+_NAME_FIELDS = {"first": 0, "last": 0, "rank": 0, "pid": 0, "reason": "request"}
+
+
+def _trace_name(name: str, raw: Any) -> str:
+    text = _nonempty(name, raw).strip()
+    if "/" in text or "\\" in text or text in (".", ".."):
+        raise ConfigError(f"{name} must be a file name (the folder is GPUPROBE_PROFILE_DIR), got {raw!r}")
+    try:
+        shown = text.format(**_NAME_FIELDS)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"{name} may use the fields {{first}} {{last}} {{rank}} {{pid}} {{reason}} only, "
+                          f"got {raw!r} ({exc!r})") from None
+    if not (shown.endswith(".json") or shown.endswith(".json.gz")):
+        raise ConfigError(f"{name} must end in .json or .json.gz, got {raw!r}")
+    return text
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(ns|us|ms|s|min|m|h)?\s*$")
+_SECONDS = {None: 1.0, "ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: Any, setting: str = "duration") -> float:
+    """``"250ms"`` → 0.25 seconds; a bare number is seconds; units ns us ms s m (minutes) min h.
+
+    Raises:
+        ConfigError: not a duration > 0; the message names ``setting``.
+
+    Example:
+        >>> parse_duration("10m"), parse_duration("250ms"), parse_duration(2)
+        (600.0, 0.25, 2.0)
+    """
+    m = None if isinstance(text, bool) else _DURATION.match(str(text))
+    value = float(m.group(1)) * _SECONDS[m.group(2)] if m else 0.0
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{setting} must be a time > 0 such as 250ms, 0.25 (seconds), 30s or 10m, got {text!r}")
+    return value
+
+
+def _duration(name: str, raw: Any) -> float:
+    return parse_duration(raw, name)
+
+
+_PERCENTILE = re.compile(r"^\s*p([0-9]+(?:\.[0-9]+)?)\s*$", re.IGNORECASE)
+
+
+def _slow_step(name: str, raw: Any) -> str:
+    """``"p99"`` (a percentile of recent steps, 0 < q < 100) or a time; kept as ``"p99"`` or ``"0.25s"``."""
+    m = _PERCENTILE.match(str(raw))
+    if m:
+        q = float(m.group(1))
+        if not 0 < q < 100:
+            raise ConfigError(f"{name} must be a percentile between p0 and p100 (exclusive), such as p99, got {raw!r}")
+        return f"p{q:g}"
+    try:
+        return f"{parse_duration(raw, name):g}s"
+    except ConfigError:
+        raise ConfigError(f"{name} must be a percentile of recent steps (p99, p99.9) or a time (250ms, 0.25), "
+                          f"got {raw!r}") from None
+
+
+_SIGNALS = ("SIGUSR1", "SIGUSR2")
+
+
+def _signal_name(name: str, raw: Any) -> str:
+    text = str(raw).strip().upper()
+    if text.lower() in _FALSE or text == "NONE":
+        return "off"
+    if not text.startswith("SIG"):
+        text = "SIG" + text
+    if text not in _SIGNALS:
+        raise ConfigError(f"{name} must be one of {', '.join(_SIGNALS)} or off, got {raw!r}")
+    if not hasattr(signal, text):
+        raise ConfigError(f"{name}: {text} does not exist on this platform; set it to off")
+    return text
+
+
+# Decimal multipliers, case-insensitive: "3.35T" = 3.35e12 (k, M, G, T, P).
+_SI = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgGtTpP]?)\s*$")
+
+
+def _rate(what: str, example: str) -> Parser:
+    def parse(name: str, raw: Any) -> float:
+        if isinstance(raw, bool):
+            raise ConfigError(f"{name} must be a number of {what} > 0 such as {example}, got {raw!r}")
+        if isinstance(raw, (int, float)):
+            value = float(raw)
+        else:
+            m = _RATE.match(str(raw))
+            if not m:
+                raise ConfigError(f"{name} must be a number of {what} > 0 such as {example}, got {raw!r}")
+            value = float(m.group(1)) * _SI[m.group(2).lower()]
+        if not value > 0 or value == float("inf"):
+            raise ConfigError(f"{name} must be a number of {what} > 0 such as {example}, got {raw!r}")
+        return value
+
+    return parse
 
 
 _STEPS = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
@@ -198,8 +298,49 @@ class Config:
         "`profile_nsys` is on; none: no torch.profiler trace")
     profile_nsys: bool = _setting("GPUPROBE_PROFILE_NSYS", _bool, False,
                                   "bracket the window with cudaProfilerStart/Stop for nsys")
+    profile_endpoint: str = _setting(
+        "GPUPROBE_PROFILE_ENDPOINT", _choice("auto", "on", "off"), "auto",
+        "`POST /gpuprobe/profile?steps=N` on the /metrics port captures the next N steps (docs/capture.md); "
+        "auto: only while that port binds a loopback address")
+    profile_signal: str = _setting(
+        "GPUPROBE_PROFILE_SIGNAL", _signal_name, "off",
+        "this signal captures the next `profile_on_demand_steps` steps: SIGUSR1, SIGUSR2 or off (off unless asked: "
+        "a library takes no signal of its program's; `gpuprobe run` sets SIGUSR2; installed from the main thread, "
+        "never over a handler of the program's)")
+    profile_on_demand_steps: int = _setting(
+        "GPUPROBE_PROFILE_ON_DEMAND_STEPS", _int(1), 5,
+        "steps a capture by signal, or by a POST without `steps=`, records")
+    profile_max_steps: int = _setting("GPUPROBE_PROFILE_MAX_STEPS", _int(1), 100,
+                                      "most steps a POST to the profile endpoint may ask for")
+    profile_dir: str = _setting("GPUPROBE_PROFILE_DIR", _nonempty, ".",
+                                "where on-demand traces go (endpoint, signal, slow steps)")
+    profile_name: str = _setting(
+        "GPUPROBE_PROFILE_NAME", _trace_name, "gpuprobe-steps-{first}-{last}-rank{rank}.json.gz",
+        "file name of an on-demand trace (.json or .json.gz); fields {first} {last} {rank} {pid} {reason}")
+    profile_slow_step: str | None = _setting(
+        "GPUPROBE_PROFILE_SLOW_STEP", _slow_step, None,
+        "capture the next `profile_slow_step_steps` steps when a decode step takes longer than this: a "
+        "percentile of the last 1000 decode steps (p99) or a time (250ms, 0.25)", optional=True)
+    profile_slow_step_interval: float = _setting(
+        "GPUPROBE_PROFILE_SLOW_STEP_INTERVAL", _duration, 600.0,
+        "at most one slow-step capture per this time (seconds, or 30s, 10m, 1h)")
+    profile_slow_step_steps: int = _setting("GPUPROBE_PROFILE_SLOW_STEP_STEPS", _int(1), 3,
+                                            "steps a slow-step capture records")
     kernel_sampling: int = _setting("GPUPROBE_KERNEL_SAMPLING", _int(0), 0,
                                     "profile one step in N for live kernel categories (0: off)")
+    sync_audit: int = _setting(
+        "GPUPROBE_SYNC_AUDIT", _int(0), 0,
+        "count the operations that force a device-to-host sync on one generation step in N, by component "
+        "(`gpuprobe.step.syncs`, see docs/sync-audit.md; 0: off)")
+    peak_memory_bandwidth: float | None = _setting(
+        "GPUPROBE_PEAK_MEMORY_BANDWIDTH", _rate("bytes per second", "3.35e12 or 3.35T"), None,
+        "peak memory bandwidth (bytes/s; suffixes k M G T P) for `gpuprobe.step.memory_bandwidth.utilization`, "
+        "on every device; none: the GPU's from the table in docs/utilization.md", optional=True)
+    peak_flops: float | None = _setting(
+        "GPUPROBE_PEAK_FLOPS", _rate("FLOP/s", "989.5e12 or 989.5T"), None,
+        "peak FLOP/s (suffixes k M G T P) for `gpuprobe.step.flops.utilization`, on every device and for every "
+        "dtype; none: the GPU's dense figure for the model's dtype from the table in docs/utilization.md",
+        optional=True)
 
 
 def _settings() -> dict[str, Setting]:

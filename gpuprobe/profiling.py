@@ -69,12 +69,13 @@ class ProfileWindow:
     """
 
     def __init__(self, first: int, last: int, output: str | None, nsys: bool, record_shapes: bool,
-                 with_stack: bool, rt: Runtime) -> None:
+                 with_stack: bool, rt: Runtime, with_flops: bool = False) -> None:
         self.first, self.last = first, last
         self.output = output
         self.nsys = nsys
         self.record_shapes = record_shapes
         self.with_stack = with_stack
+        self.with_flops = with_flops
         self.path: Path | None = None
         self.state = WindowState.WAITING
         self.error: str | None = None
@@ -109,6 +110,8 @@ class ProfileWindow:
         mark = torch.profiler.record_function(f"gpuprobe.step#{index}")
         mark.__enter__()
         self._step_mark = mark
+        # Tell whoever advanced the step (the transformers integration) to mark its components inside.
+        self._rt.steps.mark_traced(index)
 
     def _end_step_mark(self) -> None:
         mark, self._step_mark = self._step_mark, None
@@ -126,7 +129,7 @@ class ProfileWindow:
                 if cuda:
                     activities.append(torch.profiler.ProfilerActivity.CUDA)
                 self._prof = torch.profiler.profile(activities=activities, record_shapes=self.record_shapes,
-                                                    with_stack=self.with_stack)
+                                                    with_stack=self.with_stack, with_flops=self.with_flops)
                 self._prof.__enter__()
             if self.nsys:
                 torch.cuda.cudart().cudaProfilerStart()
@@ -180,7 +183,7 @@ class ProfileWindow:
 
 def profile(steps: str | tuple[int, int], *, output: str | os.PathLike[str] | None = "auto",
             nsys: bool = False, record_shapes: bool = False, with_stack: bool = False,
-            runtime_: Runtime | None = None, owner: Owner = "user") -> ProfileWindow:
+            with_flops: bool = False, runtime_: Runtime | None = None, owner: Owner = "user") -> ProfileWindow:
     """Capture generation steps A–B with ``torch.profiler`` and/or for Nsight Systems.
 
     Args:
@@ -193,6 +196,8 @@ def profile(steps: str | tuple[int, int], *, output: str | os.PathLike[str] | No
             ``nsys profile --capture-range=cudaProfilerApi``. Kernel sampling pauses meanwhile.
         record_shapes: record input shapes (bigger trace).
         with_stack: record Python stacks (much bigger trace).
+        with_flops: record what FLOP counts need (input shapes, so ``record_shapes`` too);
+            ``gpuprobe report`` shows the FLOP/s achieved per category.
 
     Returns:
         The :class:`ProfileWindow`; its ``path`` is set once the trace is written.
@@ -217,7 +222,7 @@ def profile(steps: str | tuple[int, int], *, output: str | os.PathLike[str] | No
         raise ConfigError("profile() needs output= (a trace file) or nsys=True, or both")
     if out is not None and not (out.endswith(".json") or out.endswith(".json.gz")):
         raise ConfigError(f"profile output must end in .json or .json.gz, got {out!r}")
-    window = ProfileWindow(first, last, out, nsys, record_shapes, with_stack, rt)
+    window = ProfileWindow(first, last, out, nsys, record_shapes or with_flops, with_stack, rt, with_flops=with_flops)
     rt.add_step_hook(window.on_step)
     rt.add_closeable(window, owner=owner)  # written at exit if still recording
     return window
@@ -231,14 +236,6 @@ def start_window_from_settings(rt: Runtime) -> ProfileWindow:
     return profile(cfg.profile_steps, output=output, nsys=cfg.profile_nsys, runtime_=rt, owner="settings")
 
 
-_GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "_int_mm"}
-_POINTWISE_OPS = {
-    "add", "add_", "mul", "mul_", "sub", "div", "neg", "pow", "rsqrt", "sqrt", "exp", "silu", "gelu",
-    "relu", "tanh", "sigmoid", "where", "masked_fill", "masked_fill_", "clamp", "lt", "gt", "eq", "ne",
-    "ge", "le", "bitwise_and", "bitwise_or", "bitwise_not", "fill_", "zero_", "logical_and", "cos", "sin",
-}
-
-
 # Operators that only make views, allocate or convert dtype metadata: no compute of their own.
 _METADATA_OPS = {
     "view", "as_strided", "reshape", "transpose", "t", "slice", "unsqueeze", "squeeze", "narrow", "expand",
@@ -248,19 +245,6 @@ _METADATA_OPS = {
     "_local_scalar_dense", "clone",
 }
 _METADATA_NAMES = frozenset("aten::" + op for op in _METADATA_OPS)
-
-
-@functools.lru_cache(maxsize=4096)
-def _cpu_op_category(name: str) -> str:
-    from ._kernel_names import categorize_kernel
-
-    short = name.split("::", 1)[-1]
-    if short in _GEMM_OPS:
-        return "gemm"
-    category = categorize_kernel(name)
-    if category == "other" and short in _POINTWISE_OPS:
-        return "elementwise"
-    return category
 
 
 def categorize_events(events: list[tuple[str, int]], *, cpu_ops: bool = False) -> dict[str, tuple[int, int]]:
@@ -274,7 +258,7 @@ def categorize_events(events: list[tuple[str, int]], *, cpu_ops: bool = False) -
         >>> categorize_events([("ampere_sgemm_128x64_nn", 5000), ("void at::native::vectorized_elementwise_kernel<4>()", 700)])
         {'gemm': (5000, 1), 'elementwise': (700, 1)}
     """
-    from ._kernel_names import categorize_kernel
+    from ._kernel_names import categorize_cpu_op, categorize_kernel
 
     # Why sum by name first: a step repeats a few dozen names hundreds of times; one dict update per
     # event, then one category lookup per distinct name.
@@ -286,7 +270,7 @@ def categorize_events(events: list[tuple[str, int]], *, cpu_ops: bool = False) -
         else:
             acc[0] += int(dur)
             acc[1] += 1
-    name_to_cat = _cpu_op_category if cpu_ops else categorize_kernel
+    name_to_cat = categorize_cpu_op if cpu_ops else categorize_kernel
     out: dict[str, tuple[int, int]] = {}
     for name, (total_ns, count) in by_name.items():
         cat = name_to_cat(name)

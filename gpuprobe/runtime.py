@@ -44,6 +44,7 @@ from ._capture import CaptureGuard
 from ._lifecycle import Closeable, Exporter, Lifecycle, Owner
 from ._metrics import Family, MetricData, Registry, Sink
 from ._steps import StepClock, StepHook
+from ._sync_audit import SyncSites
 
 __all__ = ["Backends", "Runtime", "runtime", "collect", "on_reconfigure", "on_start", "DISABLED_AT_IMPORT"]
 
@@ -87,6 +88,7 @@ class Runtime:
         self.snapshot_triggers: memory.SnapshotTriggers | None = None
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
+        self.sync_sites = SyncSites(self.warn_once)  # where the sync audit first saw each sync (info())
         self._backends: Backends | None = None
         self._generation = 0
         self._device_label: str | None = None
@@ -327,6 +329,7 @@ class Runtime:
             self.steps.clear_hooks()
             with self._warn_lock:
                 self._warned.clear()
+            self.sync_sites.clear()
             self._device_label = None
             self.reconfigure(settings)
         if self.lifecycle.needs_thread():
@@ -345,6 +348,7 @@ class Runtime:
         """In a forked child: start empty, with the same settings and no thread (see :mod:`gpuprobe._lifecycle`)."""
         self.lock = threading.RLock()
         self._warn_lock = threading.Lock()
+        self.sync_sites.reset_after_fork()
         self.capture.reset_after_fork()
         self.buffers.reset_after_fork()
         self.pending.clear()  # the parent's events: CUDA cannot be used in a forked child anyway

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from .._metrics import SPECS, prometheus_name
 from .model import GPU_ONLY, Dashboard, Panel, Row, Target
-from .rules import RULES_FILE, STATS, WINDOW, latency, recorded_name, stat_expr
+from .rules import RULES_FILE, STATS, WINDOW, Latency, latency, recorded_name, stat_expr
 from .series import ERROR_TYPE, LAYER_TYPE, RANK, TOKEN_TYPE, braces, model_label, series
 
 __all__ = ["Queries", "overview", "ranks", "dashboards"]
@@ -67,15 +67,25 @@ def _latency_description(what: str, metric: str) -> str:
 def _requests_row(q: Queries) -> Row:
     ttft, tpot, req = ("gen_ai.server.time_to_first_token", "gen_ai.server.time_per_output_token",
                        "gen_ai.server.request.duration")
+    itl = "gpuprobe.inter_token.duration"
     usage, active = "gen_ai.client.token.usage", "gpuprobe.generate.active"
     by_type = f"sum by ({TOKEN_TYPE}) ({q.rate(usage, 'sum')})"
     failed, succeeded = f'{ERROR_TYPE}!=""', f'{ERROR_TYPE}=""'
     errors = f"sum by ({ERROR_TYPE}) ({q.rate(req, 'count', failed)})"
     probe_errors = f"sum by (probe, {ERROR_TYPE}) ({q.rate('gpuprobe.probe.errors')})"
     return Row("Requests", (
-        Panel("Time to first token", _latency_description("From the generate() call to the first new token", ttft),
-              q.latency_targets(ttft), "s"),
-        Panel("Inter-token latency", _latency_description("Time per output token, one sample per decode step", tpot),
+        Panel("Time to first token", _latency_description(
+            "From the generate() call to its first output token, by clock: host = when the host holds the "
+            "token (what a client sees); device (GPUs only) = the GPU's own time from reaching the call's "
+            "start to finishing the step that selected the token", ttft),
+              q.latency_targets(ttft, legend="{{clock}} "), "s"),
+        Panel("Inter-token latency", _latency_description(
+            "Time between two consecutive output tokens, one sample per decode step, by clock (host: as "
+            "the host receives them; device, GPUs only: the step's device span)", itl),
+              q.latency_targets(itl, legend="{{clock}} "), "s"),
+        Panel("Time per output token", _latency_description(
+            "Per successful request of two tokens or more: (duration − time to first token) ÷ (output "
+            "tokens − 1), the OpenTelemetry GenAI convention's definition", tpot),
               q.latency_targets(tpot), "s"),
         Panel("Request duration", _latency_description("Whole generate() calls that returned (failed calls are "
                                                        "in Errors)", req), q.latency_targets(req), "s"),
@@ -90,6 +100,50 @@ def _requests_row(q: Queries) -> Row:
               "your own probes.",
               (Target(errors, f"generate(): {{{{{ERROR_TYPE}}}}}"),
                Target(probe_errors, f"probe {{{{probe}}}}: {{{{{ERROR_TYPE}}}}}")), "short"),
+    ))
+
+
+def _serving_row(q: Queries) -> Row:
+    """Continuous batching (``generate_batch``, ``transformers serve --continuous-batching``): the
+    scheduler's queue, the paged KV cache, what each step batches, and the latencies a client sees."""
+    queue = "gpuprobe.request.queue.duration"
+    running, waiting = "gpuprobe.requests.running", "gpuprobe.requests.waiting"
+    usage, tokens, per_step = "gpuprobe.kv_cache.usage", "gpuprobe.batch.tokens", "gpuprobe.batch.requests"
+    preempted, finished = "gpuprobe.requests.preempted", "gpuprobe.requests.finished"
+    ttft, tpot, req = ("gen_ai.server.time_to_first_token", "gen_ai.server.time_per_output_token",
+                       "gen_ai.server.request.duration")
+    keep = f"instance, {RANK}, model"
+    who = f"{{{{model}}}} · rank {{{{{RANK}}}}}"
+    mean_tokens = f"sum by (phase) ({q.rate(tokens, 'sum')}) / sum by (phase) ({q.rate(tokens, 'count')})"
+    mean_requests = f"sum({q.rate(per_step, 'sum')}) / sum({q.rate(per_step, 'count')})"
+    host = ('clock!="device"',)  # what a client sees (generate() on a GPU also records the device clock)
+    latency = tuple(Target(q.stat(metric, stat, *extra), f"{what} {stat} · rank {{{{{RANK}}}}}")
+                    for metric, what, extra in ((ttft, "TTFT", host), (tpot, "TPOT", ()), (req, "end to end", ()))
+                    for stat in ("p50", "p95"))
+    return Row("Serving (continuous batching)", (
+        Panel("Queue time", _latency_description("From a request's arrival to the first step that schedules it",
+                                                 queue), q.latency_targets(queue), "s"),
+        Panel("Requests running and waiting", "Requests the continuous-batching scheduler is running "
+              "(prefilling or decoding) and those waiting for room in a batch or in the KV cache, read at "
+              "each step. Waiting that stays above zero means the server is at capacity.",
+              (Target(f"sum by ({keep}) ({q.sel(running)})", f"running {who}"),
+               Target(f"sum by ({keep}) ({q.sel(waiting)})", f"waiting {who}")), "short"),
+        Panel("KV cache usage", "Fraction of the paged KV cache's blocks that running requests hold (blocks "
+              "kept only for prefix reuse count as free). Near 1 the scheduler stops admitting prompts and "
+              f"preempts requests. Series: {series(usage)}; blocks: {series('gpuprobe.kv_cache.blocks')}.",
+              (Target(f"max by ({keep}) ({q.sel(usage)})", who),), "percentunit"),
+        Panel("Tokens and requests per step", "Mean tokens one continuous-batching step schedules, by phase "
+              "(prefill: prompt tokens; decode: one per decoding request), and mean requests per step.",
+              (Target(mean_tokens, "{{phase}} tokens"), Target(mean_requests, "requests")), "short"),
+        Panel("Serving latency: TTFT, TPOT, end to end", "p50 and p95 over 1 m of the time to first token "
+              "(arrival to first token), the time per output token ((duration − TTFT) ÷ (output tokens − 1), "
+              "one per request) and the request duration, as a client sees them. Successful requests only "
+              "for the end to end time.", latency, "s"),
+        Panel("Preemptions and finished requests", "Requests evicted from the KV cache per second (offloaded "
+              "to the CPU or restarted later), and requests ending per second by finish reason (stop: "
+              "end-of-sequence token; length: token limit; cancelled; failed).",
+              (Target(f"sum({q.rate(preempted)})", "preempted/s"),
+               Target(f"sum by (finish_reason) ({q.rate(finished)})", "{{finish_reason}}/s")), "short"),
     ))
 
 
@@ -119,13 +173,54 @@ def _steps_row(q: Queries) -> Row:
         Panel("Logits processors: share of step time", "Time in logits processors (repetition penalty, "
               "top-k, ...) as a share of host step time: all of them, and each by class.",
               (Target(lp_all, "all logits processors"), Target(lp_each, "{{processor}}")), "percentunit"),
+        _syncs_panel(q),
         Panel("Decoder layer time", "Mean and p95 of one decoder layer's forward, by layer class (sampled "
               "on one decode step in N; instrument(model, layers=True)).",
               q.latency_targets(layer, stats=("mean", "p95"), legend=f"{{{{{LAYER_TYPE}}}}} "), "s"),
         Panel("Batch size", "Mean sequences per generate() call.",
               (Target(f"sum({q.rate(batch, 'sum')}) / sum({q.rate(batch, 'count')})", "mean batch size"),),
               "short"),
+        *_utilization_panels(q),
     ))
+
+
+def _syncs_panel(q: Queries) -> Panel:
+    """Host syncs per audited step by component and processor (the sync audit, docs/sync-audit.md)."""
+    syncs, audited = "gpuprobe.step.syncs", "gpuprobe.step.audited"
+    steps_only = 'component!="probe"'  # probes count their calls' syncs, not a step's
+    per_component = (f"sum by (component, processor) ({q.rate(syncs, '', steps_only)}) "
+                     f"/ ignoring(component, processor) group_left sum({q.rate(audited)})")
+    return Panel("Host syncs per step by component", "Operations that force a device-to-host synchronisation "
+                 "(.item(), bool(), nonzero, boolean-mask indexing, unique, copies to the host, ...) per "
+                 "generation step, by component and logits-processor or stopping-criterion class: each is a "
+                 "point where the host waits for the GPU. Counted by the sync audit on one step in N "
+                 "(GPUPROBE_SYNC_AUDIT=N; on a CPU it counts what would synchronise on a GPU); the rate of "
+                 f"{series(syncs)} over the rate of {series(audited)}. transformers' own stop check is one "
+                 "per step in other; docs/sync-audit.md says where each one comes from.",
+                 (Target(per_component, "{{component}} {{processor}}"),), "short", stack=True)
+
+
+def _utilization_panels(q: Queries) -> tuple[Panel, ...]:
+    """MBU and MFU by model and phase: p50 and p90 of the steps, computed in the query (no recording rule)."""
+    out = []
+    for metric, title, what in (
+        ("gpuprobe.step.memory_bandwidth.utilization", "Memory-bandwidth utilization (MBU)",
+         "Bytes each step must read (weights and the KV cache) ÷ its step time ÷ the device's peak memory "
+         "bandwidth"),
+        ("gpuprobe.step.flops.utilization", "Model FLOPs utilization (MFU)",
+         "Model FLOPs of each step ÷ its step time ÷ the device's dense peak FLOP/s for the parameters' dtype"),
+    ):
+        lat = Latency(metric, by=("phase",))
+        targets = tuple(
+            Target(stat_expr(lat, stat, "$__rate_interval", q.filters(metric)),
+                   f"{{{{model}}}} {{{{phase}}}} {stat} · rank {{{{{RANK}}}}}")
+            for stat in ("p50", "p90"))
+        out.append(Panel(title, f"{what}, p50 and p90 over the steps by model and phase (device step time on "
+                         "GPUs, host step time on CPUs). Exported only where the peaks are known: the GPU "
+                         "table or GPUPROBE_PEAK_MEMORY_BANDWIDTH / GPUPROBE_PEAK_FLOPS; gpuprobe.info() "
+                         f"says why not (docs/utilization.md). Series: {prometheus_name(SPECS[metric])}.",
+                         targets, "percentunit"))
+    return tuple(out)
 
 
 def _memory_row(q: Queries) -> Row:
@@ -180,13 +275,13 @@ def overview(inline: bool = False) -> Dashboard:
 
     Example:
         >>> [row.title for row in overview().rows]
-        ['Requests', 'Generation steps', 'Memory', 'Kernels, probes and telemetry']
+        ['Requests', 'Serving (continuous batching)', 'Generation steps', 'Memory', 'Kernels, probes and telemetry']
     """
     q = Queries(inline)
     return Dashboard(
         "gpuprobe-overview", "gpuprobe · generation overview",
         "Live metrics of generate() calls measured by gpuprobe: latency, throughput, step breakdown, memory.",
-        (_requests_row(q), _steps_row(q), _memory_row(q), _kernels_row(q)),
+        (_requests_row(q), _serving_row(q), _steps_row(q), _memory_row(q), _kernels_row(q)),
     )
 
 
@@ -201,7 +296,7 @@ def ranks(inline: bool = False) -> Dashboard:
         'Slowest rank ÷ fastest rank'
     """
     q = Queries(inline)
-    step, tpot = "gpuprobe.step.duration", "gen_ai.server.time_per_output_token"
+    step, itl = "gpuprobe.step.duration", "gpuprobe.inter_token.duration"
     decode = ('phase="decode"', 'clock="host"')
     per_rank = f"rank {{{{{RANK}}}}}"
     usage = q.rate("gen_ai.client.token.usage", "sum", f'{TOKEN_TYPE}="output"')
@@ -216,8 +311,8 @@ def ranks(inline: bool = False) -> Dashboard:
             Panel("Slowest rank ÷ fastest rank", "Mean decode step time of the slowest rank divided by the "
                   "fastest one's: 1 when ranks keep pace; a straggler pulls it up.",
                   (Target(spread, "slowest ÷ fastest"),), "none"),
-            Panel("Inter-token latency p95 by rank", "p95 time per output token, per rank.",
-                  (Target(q.stat(tpot, "p95"), per_rank),), "s"),
+            Panel("Inter-token latency p95 by rank", "p95 time between two consecutive output tokens as "
+                  "the host receives them, per rank.", (Target(q.stat(itl, "p95", 'clock="host"'), per_rank),), "s"),
             Panel("Output tokens per second by rank", "Generated tokens per second, per rank.",
                   (Target(f"sum by ({RANK}) ({usage})", per_rank),), "suffix: tok/s"),
             Panel("Memory allocated by rank", "Allocated bytes per rank (process RSS on CPU).",

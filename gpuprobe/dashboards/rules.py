@@ -20,6 +20,8 @@ __all__ = [
     "QUANTILES",
     "STATS",
     "TTFT_ALERT_SECONDS",
+    "QUEUE_ALERT_SECONDS",
+    "KV_CACHE_ALERT_USAGE",
     "RULES_FILE",
     "ALERTS_FILE",
     "Latency",
@@ -37,6 +39,10 @@ WINDOW = "1m"
 QUANTILES = (0.5, 0.95, 0.99)
 TTFT_ALERT_SECONDS = 2.0
 """The time-to-first-token p95 above which ``GpuprobeTimeToFirstTokenHigh`` fires."""
+QUEUE_ALERT_SECONDS = 1.0
+"""The queue-time p95 above which ``GpuprobeQueueTimeHigh`` fires (requests wait before any work)."""
+KV_CACHE_ALERT_USAGE = 0.95
+"""The paged KV cache usage above which ``GpuprobeKvCacheFull`` fires."""
 RULES_FILE = "gpuprobe-rules.yml"
 ALERTS_FILE = "gpuprobe-alerts.yml"
 
@@ -67,9 +73,11 @@ class Latency:
 
 
 LATENCIES: tuple[Latency, ...] = (
-    Latency("gen_ai.server.time_to_first_token"),
+    Latency("gen_ai.server.time_to_first_token", by=("clock",)),
     Latency("gen_ai.server.time_per_output_token"),
+    Latency("gpuprobe.inter_token.duration", by=("clock",)),
     Latency("gen_ai.server.request.duration", match=(f'{ERROR_TYPE}=""',)),
+    Latency("gpuprobe.request.queue.duration"),
     Latency("gpuprobe.step.duration", by=("phase", "clock")),
     Latency("gpuprobe.layer.duration", by=(LAYER_TYPE,)),
     Latency("gpuprobe.probe.duration", by=("probe", "clock")),
@@ -155,19 +163,27 @@ def _new_or_increased(expr_by: str, sel: str) -> str:
             f"sum by ({expr_by}) ({sel} unless {sel} offset 5m) > 0")
 
 
-def alert_rules(ttft_seconds: float = TTFT_ALERT_SECONDS) -> dict[str, Any]:
-    """A few alerts: slow first token, dropped telemetry, failing generate() calls, a rank gone.
+def alert_rules(ttft_seconds: float = TTFT_ALERT_SECONDS, queue_seconds: float = QUEUE_ALERT_SECONDS,
+                kv_cache_usage: float = KV_CACHE_ALERT_USAGE) -> dict[str, Any]:
+    """A few alerts: slow first token, dropped telemetry, failing generate() calls, a rank gone; for
+    continuous batching, a KV cache that stays full and requests that queue too long.
 
     Args:
         ttft_seconds: the time-to-first-token p95 above which ``GpuprobeTimeToFirstTokenHigh`` fires.
+        queue_seconds: the queue-time p95 above which ``GpuprobeQueueTimeHigh`` fires.
+        kv_cache_usage: the KV cache usage (a fraction) above which ``GpuprobeKvCacheFull`` fires.
 
     Example:
         >>> alert_rules(ttft_seconds=0.5)["groups"][0]["rules"][0]["expr"]
-        'gpuprobe:gen_ai_server_time_to_first_token_seconds:p95_rate1m > 0.5'
+        'gpuprobe:gen_ai_server_time_to_first_token_seconds:p95_rate1m{clock!="device"} > 0.5'
     """
-    ttft = recorded_name("gen_ai.server.time_to_first_token", "p95")
+    # The time to first token a client sees: the host clock (`!=` also keeps series without a clock).
+    ttft = recorded_name("gen_ai.server.time_to_first_token", "p95") + '{clock!="device"}'
     model = model_label("gen_ai.server.request.duration")
-    errors = f'{series("gen_ai.server.request.duration", "count")}{{{ERROR_TYPE}!=""}}'
+    # A cancelled request (its client went away) is no error of the server.
+    errors = f'{series("gen_ai.server.request.duration", "count")}{{{ERROR_TYPE}!="", {ERROR_TYPE}!="cancelled"}}'
+    queue = recorded_name("gpuprobe.request.queue.duration", "p95")
+    kv, kv_model = series("gpuprobe.kv_cache.usage"), model_label("gpuprobe.kv_cache.usage")
     dropped = series("gpuprobe.telemetry.dropped")
     where = "{{ $labels.instance }} rank {{ $labels." + RANK + " }}"
     return {"groups": [{"name": "gpuprobe-alerts", "rules": [
@@ -192,4 +208,18 @@ def alert_rules(ttft_seconds: float = TTFT_ALERT_SECONDS) -> dict[str, Any]:
          "labels": {"severity": "warning"},
          "annotations": {"summary": "gpuprobe /metrics at {{ $labels.instance }} cannot be scraped",
                          "description": "The process (or one rank of it) stopped or its port changed."}},
+        {"alert": "GpuprobeKvCacheFull",
+         "expr": f"max by (job, instance, {RANK}, {kv_model}) ({kv}) > {kv_cache_usage:g}", "for": "5m",
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": f"Paged KV cache more than {kv_cache_usage:.0%} full on {where}",
+                         "description": "{{ $value | humanizePercentage }} of the KV cache of model {{ $labels."
+                                        + str(kv_model) + " }} is in use: the scheduler admits no new prompts "
+                                        "and preempts running requests. Give the cache more blocks or take "
+                                        "fewer requests at once."}},
+        {"alert": "GpuprobeQueueTimeHigh", "expr": f"{queue} > {queue_seconds:g}", "for": "5m",
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": f"Queue time p95 above {queue_seconds:g} s on {where}",
+                         "description": "p95 over 1 m is {{ $value | humanizeDuration }} for model {{ $labels."
+                                        + str(kv_model) + " }}: requests wait for room in a batch or in the KV "
+                                        "cache before any work is done for them."}},
     ]}]}

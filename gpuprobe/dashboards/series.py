@@ -55,6 +55,20 @@ _MODEL_ATTR: dict[str, str] = {
     "gpuprobe.generate.active": "model",
     "gpuprobe.kv_cache.memory": "model",
     "gpuprobe.kv_cache.sequence_length": "model",
+    "gpuprobe.step.syncs": "model",
+    "gpuprobe.step.audited": "model",
+    "gpuprobe.step.memory_bandwidth.utilization": "model",
+    "gpuprobe.step.flops.utilization": "model",
+    "gpuprobe.inter_token.duration": "model",
+    "gpuprobe.request.queue.duration": "model",
+    "gpuprobe.requests.running": "model",
+    "gpuprobe.requests.waiting": "model",
+    "gpuprobe.requests.preempted": "model",
+    "gpuprobe.requests.finished": "model",
+    "gpuprobe.kv_cache.usage": "model",
+    "gpuprobe.kv_cache.blocks": "model",
+    "gpuprobe.batch.tokens": "model",
+    "gpuprobe.batch.requests": "model",
 }
 
 

@@ -1,5 +1,6 @@
 """Prometheus exposition: a custom ``prometheus_client`` collector that reads gpuprobe's aggregates at
-scrape time, and :func:`serve`, the /metrics endpoint (127.0.0.1 unless asked otherwise).
+scrape time, and :func:`serve`, the /metrics endpoint (127.0.0.1 unless asked otherwise), which also
+takes on-demand profile captures (``POST /gpuprobe/profile?steps=N``, see :mod:`gpuprobe._on_demand`).
 
 Names follow the OpenTelemetry-to-Prometheus rules (see :func:`gpuprobe._metrics.prometheus_name`),
 so a dashboard written against an OTel Collector's Prometheus exporter reads the same series.
@@ -9,10 +10,14 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import threading
 from collections.abc import Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from .. import _on_demand
 from .._lifecycle import Owner
 from .._metrics import MetricData, cumulative, prometheus_label, prometheus_name
 from ..errors import ConfigError, missing
@@ -20,7 +25,7 @@ from ..runtime import Runtime
 from ..runtime import runtime as _runtime
 
 try:
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry, make_wsgi_app
     from prometheus_client.core import Metric
     from prometheus_client.utils import floatToGoString
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
@@ -65,6 +70,28 @@ class GpuprobeCollector:
 
     def describe(self) -> list[Any]:
         return []  # families appear as probes run; no fixed description
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """One thread per request, none kept at exit (as prometheus_client's own server)."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """No access log on stderr."""
+
+
+def _start_http_server(port: int, addr: str, registry: Any, rt: Runtime) -> tuple[Any, threading.Thread]:
+    """prometheus_client's ``start_http_server`` with :data:`gpuprobe._on_demand.PATH` answered too."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    server_class = type("_Server", (_ThreadingServer,), {"address_family": family})
+    app = _on_demand.wrap_wsgi(make_wsgi_app(registry), rt, addr)
+    httpd = make_server(sockaddr[0], port, app, server_class, handler_class=_QuietHandler)
+    thread = threading.Thread(target=httpd.serve_forever, name="gpuprobe-metrics", daemon=True)
+    thread.start()
+    return httpd, thread
 
 
 class _Endpoint:
@@ -170,7 +197,7 @@ def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(GpuprobeCollector(rt))  # type: ignore[arg-type]
         try:
-            httpd, thread = start_http_server(port, addr=addr, registry=registry)
+            httpd, thread = _start_http_server(port, addr, registry, rt)
         except OSError as exc:
             rank = f" (base port + LOCAL_RANK={cfg.local_rank})" if cfg.local_rank and cfg.port_by_local_rank else ""
             if exc.errno == errno.EADDRINUSE:

@@ -23,6 +23,12 @@ Steps tile the decoding loop: a step runs from one ``_has_unfinished_sequences``
 (step 0 from the ``_prefill`` call), so ``forward + logits processors + stopping criteria + streamer
 + other`` is exactly the step's duration.
 
+Latencies (``docs/transformers.md``, "Latencies and their clocks"): a step's end is when the host
+holds its token, or, under transformers' deferred stop check, the next step's end (see
+:meth:`ModelState.token_on_host`); on a GPU the device TTFT runs from an event recorded as the call
+starts to step 0's end event, and a decode step's device span is its token's inter-token latency.
+The time per output token is computed once per successful call.
+
 No device synchronisation is added: token counts come from tensor shapes, KV-cache bytes from
 ``Tensor.nbytes``, sequence lengths from the prompt length and the step index, device times from
 CUDA events read later by the runtime.
@@ -33,6 +39,11 @@ device); memory gauges are read for every CUDA device the model uses. A call who
 CPU takes no device time. Every hook steps aside while Dynamo traces (``torch.compile`` of the
 forward with ``fullgraph=True`` sees no graph break) and inside a CUDA graph capture no device time
 is taken (see ``docs/gpu.md``).
+
+A step that a profile window records, or that the sync audit counts, is *marked* (``ctx.marks``, see
+:mod:`._hf_marks`): its components become ranges in the window's trace and/or set the attribution of
+the audit's dispatch mode. Decided once when the step opens; on other steps each component call tests
+``ctx.marks is None`` and nothing else.
 """
 
 from __future__ import annotations
@@ -47,6 +58,9 @@ from typing import Any
 
 from .. import is_enabled, memory
 from .._placement import tensor_device
+from ._hf_continuous import ServingState
+from ._hf_marks import STREAMER, StepMarker, StepMarks
+from ._hf_utilization import Utilization
 from ..runtime import Runtime
 
 __all__ = ["ModelState", "STATE_KEY", "SEAMS", "seam_function", "class_function"]
@@ -68,7 +82,10 @@ SEAMS = (
     "_get_logits_processor",
     "_get_stopping_criteria",
     "get_compiled_call",
+    "init_continuous_batching",  # continuous batching: the manager it returns is observed (_hf_continuous)
 )
+# Seams a model class may lack (older transformers): the others are required.
+OPTIONAL_SEAMS = ("get_compiled_call", "init_continuous_batching")
 
 
 def class_function(cls: type, name: str) -> Any:
@@ -108,7 +125,9 @@ class _Call:
     __slots__ = (
         "t0", "records", "nv", "clock", "device", "devices", "step", "step_t0", "step_open", "seen_check",
         "prefilled", "in_fwd", "fwd_t0", "fwd_ns", "lp_ns", "sc_ns", "st_ns", "streamed", "dev_tok", "depth",
-        "prompt_len", "batch", "cache", "layers_on", "layer_stack", "compiled", "live",
+        "prompt_len", "batch", "cache", "layers_on", "layer_stack", "compiled", "live", "util",
+        "marks", "audit",
+        "call_tok", "deferred", "tok_t", "ttft_ns", "held",  # latencies of the tokens (see token_on_host)
     )
 
     def __init__(self, t0: int, records: deque[Any], nv: Any, clock: Any) -> None:
@@ -139,6 +158,14 @@ class _Call:
         self.layer_stack: list[tuple[int, Any]] = []
         self.compiled = False
         self.live = True
+        self.util: Any = None  # MBU/MFU record targets when the call's device has known peaks
+        self.marks: StepMarks | None = None  # the running step's ranges and sync audit, if it is marked
+        self.audit = 0  # the sync_audit setting when the call started: audit one step in this many
+        self.call_tok: Any = None  # device start event of the call (device TTFT), until step 0 ends
+        self.deferred = False  # transformers reads each step's token on the host one step late
+        self.tok_t = 0  # host time the last output token reached the host
+        self.ttft_ns = -1  # host TTFT of this call, once the first token reached the host
+        self.held: Any = None  # deferred: the last decode step's device record, until its token is known kept
 
 
 class ModelState:
@@ -169,8 +196,13 @@ class ModelState:
         self.gen_labels = gen
         # Records are (bound apply method of a series, value), the runtime's Record type. Why bound
         # here: a step then appends tuples (0.11 us each) instead of calling Runtime.emit (0.57 us).
-        self.ttft = fam("gen_ai.server.time_to_first_token").child(**gen).apply
+        ttft = fam("gen_ai.server.time_to_first_token")
+        self.ttft = ttft.child(**gen, clock="host").apply
+        self.ttft_dev = ttft.child(**gen, clock="device")  # a pending device timing's target
         self.tpot = fam("gen_ai.server.time_per_output_token").child(**gen).apply
+        itl = fam("gpuprobe.inter_token.duration")
+        self.itl_host = itl.child(**{MODEL_LABEL: name}, clock="host").apply
+        self.itl_dev = itl.child(**{MODEL_LABEL: name}, clock="device").apply
         self.req_ok = fam("gen_ai.server.request.duration").child(**gen).apply
         self.req_err: dict[str, Any] = {}
         usage = fam("gen_ai.client.token.usage")
@@ -182,6 +214,9 @@ class ModelState:
                           step.child(**ml, phase="decode", clock="host").apply)
         self.step_dev = (step.child(**ml, phase="prefill", clock="device"),
                          step.child(**ml, phase="decode", clock="device"))
+        # Why one prepared target: a decode step's device span feeds the step and the inter-token series;
+        # building the pair per step costs 0.18 us (test CPU), needed only when a token may be undone.
+        self.decode_span = _DecodeSpan(self.step_dev[1], self.itl_dev)
         comp = fam("gpuprobe.step.component.duration")
         self.c_forward = comp.child(**ml, component="forward").apply
         self.c_stopping = comp.child(**ml, component="stopping_criteria").apply
@@ -208,6 +243,9 @@ class ModelState:
         self._hook_users = 0
         self._hooks: list[Any] = []
         self.generate_message = f"generate {name}"
+        self.utilization = Utilization(model, rt, name)  # measured once (MBU, MFU)
+        self.marker = StepMarker(rt, name)  # component ranges in profile windows, the sync audit
+        self.serving: Any = None  # continuous batching's series (_hf_continuous.ServingState), at first use
 
     # -- helpers ---------------------------------------------------------------------------
     def current(self) -> _Call | None:
@@ -392,11 +430,16 @@ class ModelState:
         """Where this call's work runs: the device of its input ids (CPU inputs: no device time)."""
         dev = tensor_device(ids) if ids is not None else None
         if dev is None or dev.type != "cuda":
+            if ctx.call_tok is not None:  # the call's inputs were on a GPU, its steps are not: no device TTFT
+                ctx.clock.discard(ctx.clock.stop(ctx.call_tok))
+                ctx.call_tok = None
             ctx.clock = None
+            ctx.util = self.utilization.for_call(None) if ctx.prompt_len else None
             return
         index = dev.index if dev.index is not None else 0
         ctx.device = index
         ctx.devices = self.devices_for(model, index)
+        ctx.util = self.utilization.for_call(index) if ctx.prompt_len else None
 
     def open_step(self, ctx: _Call, t: int, decode: bool) -> None:
         rt = self.rt
@@ -404,10 +447,12 @@ class ModelState:
         # such as a profiler start are kept out of the step's own time.
         steps = rt.steps
         if steps.hooks:
-            steps.advance()
+            index = steps.advance()
+            traced = steps.traced(index)  # a profile window records this step: mark its components
             t = perf_counter_ns()
         else:
-            steps.advance()
+            index = steps.advance()
+            traced = False
         ctx.step += 1
         ctx.step_open = True
         ctx.step_t0 = t
@@ -425,6 +470,14 @@ class ModelState:
             if self.decode_count % self.layer_every == 0:
                 self.acquire_layers()
                 ctx.layers_on = True
+        # Decided once per step: most steps are neither traced nor audited, and their components then
+        # test one attribute (ctx.marks is None). The audit's dispatch mode stays out of compiled
+        # forwards (Dynamo) and of CUDA graph captures.
+        every = ctx.audit
+        audited = (every != 0 and index % every == 0 and not ctx.compiled and not rt.capture.underway
+                   and not _compiling())
+        if traced or audited:
+            ctx.marks = self.marker.open(traced, audited)
 
     def start_forward(self, ctx: _Call) -> None:
         ctx.in_fwd = True
@@ -432,27 +485,93 @@ class ModelState:
         if nv is not None:
             nv.push(self.nvtx(nv, "forward", "component", ctx.step))
             ctx.depth += 1
+        if ctx.marks is not None:
+            ctx.marks.begin_forward()
         ctx.fwd_t0 = perf_counter_ns()
 
     def end_forward(self, ctx: _Call, t: int) -> None:
         ctx.fwd_ns += t - ctx.fwd_t0
         ctx.in_fwd = False
+        if ctx.marks is not None:
+            ctx.marks.end_forward()
         if ctx.nv is not None:
             ctx.nv.pop()
             ctx.depth -= 1
 
+    def token_on_host(self, ctx: _Call, t: int) -> None:
+        """The host holds the call's next output token since ``t``: its TTFT, or the time since the last one.
+
+        When that is: transformers' stop check reads a flag computed from each step's token on the host
+        (``bool(unfinished.max() == 0)``), which waits for the kernels that selected the token, so the
+        host holds step k's token when step k ends. transformers' deferred stop check
+        (``DeferredStopCheck``) reads step k's flag and tokens in step k + 1 (and the last step's in
+        ``finish()``, before ``generate()`` returns), so the host holds them one step later; a streamer
+        receives each token at that moment.
+        """
+        if ctx.ttft_ns >= 0:
+            ctx.records.append((self.itl_host, t - ctx.tok_t))
+        else:
+            ctx.ttft_ns = t - ctx.t0
+            ctx.records.append((self.ttft, ctx.ttft_ns))
+        ctx.tok_t = t
+
+    def last_tokens(self, ctx: _Call, t: int, n_out: int | None, failed: bool = False) -> None:
+        """At the call's end ``t``: the deferred stop check's last token, and the device record kept for it.
+
+        ``n_out``: output tokens per sequence, if known. With the deferred check, the last step's token
+        reaches the host in ``finish()``, unless that step is undone: it ran only because the flag that
+        said the sequences had stopped was read one step late, and the output then holds one token
+        fewer than the steps run.
+        """
+        if ctx.call_tok is not None:  # no step ended (a failure before the first token): no device TTFT
+            ctx.clock.discard(ctx.clock.stop(ctx.call_tok))
+            ctx.call_tok = None
+        held = ctx.held
+        if ctx.deferred and not failed and ctx.step >= 0:
+            if n_out is None or n_out > ctx.step:
+                self.token_on_host(ctx, t)
+            elif held is not None:  # the undone step ran, but selected no output token
+                held[1][0].itl = None
+        if held is not None:
+            ctx.held = None
+            ctx.records.append(held)
+
     def close_step(self, ctx: _Call, t: int) -> None:
         if ctx.in_fwd:
             self.end_forward(ctx, t)
+        marks = ctx.marks
+        if marks is not None:
+            ctx.marks = None
+            self.marker.close(marks, ctx.records)
         dur = t - ctx.step_t0
         decode = ctx.step > 0
         records = ctx.records
         append = records.append
         append((self.step_host[decode], dur))
         tok = ctx.dev_tok
+        util = ctx.util
         if tok is not None:
-            append((self.rt.pending.apply, (self.step_dev[decode], ctx.clock.stop(tok))))
+            # A decode step's device span is also the device inter-token latency of the token it selected.
+            if not decode:
+                target = self.step_dev[0]
+            else:
+                target = _DecodeSpan(self.step_dev[1], self.itl_dev) if ctx.deferred else self.decode_span
+            if util is None:
+                rec = (self.rt.pending.apply, (target, ctx.clock.stop(tok)))
+            else:  # the device step time, then MBU/MFU from it, once the events are read
+                rec = (util.device_step, (target, ctx.clock.stop(tok), ctx.batch, ctx.prompt_len, ctx.step))
+            if decode and ctx.deferred:  # kept back one step: the token of the last step run may be undone
+                rec, ctx.held = ctx.held, rec
+            if rec is not None:
+                append(rec)
             ctx.dev_tok = None
+        elif util is not None and ctx.clock is None:  # CPU (or device timing off): the host step time
+            # Why a record of four integers: counting bytes and FLOPs and dividing costs 1.26 us per step,
+            # appending this record 0.19 us (test CPU); the drain pays the rest.
+            append((util.host_step, (dur, ctx.batch, ctx.prompt_len, ctx.step)))
+        if not decode and ctx.call_tok is not None:  # device TTFT: the call's start event → after token 0
+            append((self.rt.pending.apply, (self.ttft_dev, ctx.clock.stop(ctx.call_tok))))
+            ctx.call_tok = None
         other = dur - ctx.fwd_ns - ctx.lp_ns
         append((self.c_forward, ctx.fwd_ns))
         if ctx.sc_ns >= 0:
@@ -462,10 +581,8 @@ class ModelState:
             append((self.c_streamer, ctx.st_ns))
             other -= ctx.st_ns
         append((self.c_other, other))
-        if decode:
-            append((self.tpot, dur))
-        else:
-            append((self.ttft, t - ctx.t0))
+        if decode or not ctx.deferred:  # this step's token (deferred: the previous step's) is on the host now
+            self.token_on_host(ctx, t)
         if ctx.nv is not None:
             ctx.nv.pop()
             ctx.depth -= 1
@@ -489,6 +606,11 @@ class ModelState:
         backends = rt.backends
         nv = backends.nvtx if backends.nvtx.enabled else None
         ctx = _Call(perf_counter_ns(), rt.thread_records(), nv, backends.device_clock)
+        if ctx.clock is not None:  # the call's start on the device of its inputs (device TTFT)
+            dev = input_device(args, kwargs)
+            if dev is not None and dev.type == "cuda":
+                ctx.call_tok = ctx.clock.start(dev.index if dev.index is not None else 0)
+        ctx.audit = rt.settings.sync_audit
         streamer = kwargs.get("streamer")
         if streamer is not None:
             kwargs["streamer"] = _TimedStreamer(streamer, ctx, self)
@@ -525,6 +647,10 @@ class ModelState:
                 self.close_step(ctx, t1)
             else:  # a failed step leaves no sample, only its ranges to close
                 ctx.step_open = False
+                marks = ctx.marks
+                if marks is not None:  # its ranges and audit mode too (the syncs it ran are counted)
+                    ctx.marks = None
+                    self.marker.close(marks, ctx.records)
                 if ctx.dev_tok is not None and ctx.clock is not None:
                     ctx.clock.discard(ctx.clock.stop(ctx.dev_tok))
                     ctx.dev_tok = None
@@ -542,6 +668,7 @@ class ModelState:
         if err is not None:
             records.append((self.error_child(err), dur))
             self.rt.observe_exception(err)
+            self.last_tokens(ctx, t1, None, failed=True)
         else:
             records.append((self.req_ok, dur))
             n_in = input_tokens(args, kwargs)
@@ -551,9 +678,15 @@ class ModelState:
                 records.append((self.usage_in, n_in))
             seq = out if hasattr(out, "shape") else getattr(out, "sequences", None)
             shape = getattr(seq, "shape", None)
+            n_out = None  # output tokens of each sequence
             if shape is not None and len(shape) == 2:
                 start = ctx.prompt_len if ctx.prompt_len is not None else 0
-                records.append((self.usage_out, max(0, int(shape[0]) * (int(shape[1]) - start))))
+                n_out = max(0, int(shape[1]) - start)
+                records.append((self.usage_out, int(shape[0]) * n_out))
+            self.last_tokens(ctx, t1, n_out)
+            if n_out is not None and n_out > 1 and ctx.ttft_ns >= 0:
+                # The GenAI convention's time per output token: (duration - TTFT) / (output tokens - 1).
+                records.append((self.tpot, (dur - ctx.ttft_ns) // (n_out - 1)))
             if self.memory or self.kv_cache:
                 self.read_gauges(ctx)
         records.append((self.active, -1))
@@ -567,6 +700,52 @@ class ModelState:
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         return (_none, ())
+
+
+class _DecodeSpan:
+    """A decode step's device span as a record target: the step series, and the device inter-token
+    latency of the step's token (``itl`` is set to None when the token is not an output token)."""
+
+    __slots__ = ("step", "itl")
+
+    def __init__(self, step: Any, itl: Any) -> None:
+        self.step = step
+        self.itl = itl
+
+    def apply(self, ns: int) -> None:
+        self.step.apply(ns)
+        if self.itl is not None:
+            self.itl(ns)
+
+
+def input_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Where a generate() call's inputs live (``torch.device``), or None when no tensor is found."""
+    x = args[0] if args else kwargs.get("inputs")
+    if x is None:
+        x = kwargs.get("input_ids")
+        if x is None:
+            x = kwargs.get("inputs_embeds")
+    return tensor_device(x) if hasattr(x, "device") else None
+
+
+def defers_stop_check(frame: Any) -> bool:
+    """Whether the decoding loop running in ``frame`` reads each step's tokens one step late.
+
+    transformers 5.x (``_sample``) keeps its stop check in the local ``stop_check``: a
+    ``DeferredStopCheck`` (mps in 5.23; planned for CUDA) copies the stop flag and the tokens to the
+    host without waiting and reads them in the next step. Anything else (beam search, a loop without
+    that local, older versions) is taken as reading each step's tokens in that step.
+    """
+    utils = sys.modules.get("transformers.generation.utils")
+    deferred = getattr(utils, "DeferredStopCheck", None)
+    if deferred is None:
+        return False
+    try:
+        # Why once per call, at the first check after the prefill: reading a frame's locals copies all of
+        # _sample's (~40) into a dict, 6-13 us on the test CPU.
+        return isinstance(frame.f_locals.get("stop_check"), deferred)
+    except Exception:
+        return False
 
 
 def input_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -620,6 +799,7 @@ def _timed_logits_list(base: type) -> type:
                 return base.__call__(self, input_ids, scores, **kwargs)
             records = ctx.records
             nv = ctx.nv
+            marks = ctx.marks
             info = st.processor_info
             total = 0
             for proc in self:
@@ -631,11 +811,15 @@ def _timed_logits_list(base: type) -> type:
                     )
                 if nv is not None:
                     nv.push(st.nvtx(nv, name, "logits_processor", ctx.step))
+                if marks is not None:  # a traced or audited step: the processor's range and attribution
+                    mark = marks.begin(("logits_processor", name), name)
                 t0 = perf_counter_ns()
                 try:
                     scores = proc(input_ids, scores, **kwargs) if extra is not None else proc(input_ids, scores)
                 finally:
                     dt = perf_counter_ns() - t0
+                    if marks is not None:
+                        marks.end(mark)
                     if nv is not None:
                         nv.pop()
                 records.append((child, dt))
@@ -664,8 +848,11 @@ def _timed_stopping_list(base: type) -> type:
             nv = ctx.nv
             if nv is not None:
                 nv.push(st.nvtx(nv, "stopping_criteria", "component", ctx.step))
+            marks = ctx.marks
             t0 = perf_counter_ns()
             try:
+                if marks is not None:  # a traced or audited step: each criterion's range and attribution
+                    return marks.call_criteria(self, base, input_ids, scores, kwargs)
                 return base.__call__(self, input_ids, scores, **kwargs)
             finally:
                 dt = perf_counter_ns() - t0
@@ -713,12 +900,17 @@ class _TimedStreamer:
         nv = ctx.nv
         if nv is not None:
             nv.push(self._gp_state.nvtx(nv, "streamer", "component", ctx.step))
+        marks = ctx.marks
+        if marks is not None:
+            mark = marks.begin(STREAMER, "streamer")
         t0 = perf_counter_ns()
         try:
             return self._gp_inner.put(value)
         finally:
             ctx.st_ns += perf_counter_ns() - t0
             ctx.streamed = True
+            if marks is not None:
+                marks.end(mark)
             if nv is not None:
                 nv.pop()
 
@@ -776,6 +968,7 @@ def _has_unfinished_sequences(self: Any, *args: Any, **kwargs: Any) -> Any:
             st.close_step(ctx, t)
         else:
             ctx.seen_check = True  # the check right after prefill: step 0 goes on (token selection)
+            ctx.deferred = defers_stop_check(sys._getframe(1))  # the caller: the decoding loop
     more = st.originals["_has_unfinished_sequences"](*args, **kwargs)
     if more and not ctx.step_open:
         st.open_step(ctx, t, decode=True)
@@ -838,6 +1031,20 @@ def _get_compiled_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     return st.originals["get_compiled_call"](*args, **kwargs)
 
 
+def _init_continuous_batching(self: Any, *args: Any, **kwargs: Any) -> Any:
+    st = self.__dict__.get(STATE_KEY)
+    if st is None:
+        return class_function(type(self), "init_continuous_batching")(self, *args, **kwargs)
+    manager = st.originals["init_continuous_batching"](*args, **kwargs)
+    try:
+        if st.serving is None:
+            st.serving = ServingState(st.rt, st.model_name, st.gen_labels)
+        return st.serving.observe(manager)
+    except Exception as exc:  # telemetry never stops the program: the manager runs unobserved
+        st.rt.warn_once("continuous-batching", f"gpuprobe: continuous batching is not measured: {exc!r}")
+        return manager
+
+
 _SEAM_IMPLS = {
     "generate": _generate,
     "_prefill": _prefill,
@@ -847,6 +1054,7 @@ _SEAM_IMPLS = {
     "_get_logits_processor": _get_logits_processor,
     "_get_stopping_criteria": _get_stopping_criteria,
     "get_compiled_call": _get_compiled_call,
+    "init_continuous_batching": _init_continuous_batching,
 }
 
 _seam_cache: dict[tuple[type, str], Any] = {}

@@ -20,6 +20,10 @@ How: transformers looks the methods of its generation loop up on the instance
 the same names on the instance (not on the class: an instance patch of ``_sample`` would be ignored,
 since ``generate`` fetches it from ``type(self)``). :func:`uninstrument` removes them again.
 
+Continuous batching (``generate_batch``, ``init_continuous_batching``, ``transformers serve
+--continuous-batching``) is observed through the manager ``init_continuous_batching`` returns: per
+request, per scheduler step and the paged KV cache (see :mod:`._hf_continuous` and ``docs/serving.md``).
+
 Supported: transformers >= 5.0, < 6 (tested with 5.23); greedy, sampling and beam search, static and
 dynamic caches, streamers, user logits processors and stopping criteria. Other decoding modes
 (assisted decoding, custom ``generate`` functions) get the per-call metrics only.
@@ -138,7 +142,7 @@ def _check_model(model: Any) -> Any:
             "instrument a model with a language-modeling head"
         )
     for name in _g.SEAMS:
-        if name != "get_compiled_call" and not callable(getattr(type(model), name, None)):
+        if name not in _g.OPTIONAL_SEAMS and not callable(getattr(type(model), name, None)):
             raise UnsupportedVersionError(
                 f"{type(model).__qualname__} has no {name}() under transformers {version}; gpuprobe's "
                 f"transformers integration supports {SUPPORTED_VERSIONS} (tested with {TESTED_VERSION})"
@@ -305,6 +309,9 @@ def uninstrument(model: M) -> M:
                               "left in place", RuntimeWarning, stacklevel=2)
         if st is not None:
             st.remove_hooks()
+            st.utilization.close()
+            if st.serving is not None:
+                st.serving.close()  # continuous-batching managers get their own methods back
         d.pop(_g.STATE_KEY, None)
         if _class_patches:
             try:
@@ -329,12 +336,38 @@ def is_instrumented(model: Any) -> bool:
 # -- class-wide ---------------------------------------------------------------------------------
 
 class _ClassPatch:
-    __slots__ = ("saved", "options", "instances")
+    __slots__ = ("saved", "options", "instances", "saved_cb")
 
     def __init__(self, saved: Any, options: dict[str, Any]) -> None:
         self.saved = saved
         self.options = options
         self.instances: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.saved_cb: Any = _MISSING  # the class's own init_continuous_batching, if it had one
+
+
+_CB = "init_continuous_batching"
+
+
+def _continuous_batching_wrapper(cls: type, patch: _ClassPatch) -> Any:
+    """``cls.init_continuous_batching`` that instruments the model first (continuous batching never
+    calls ``generate()``, so a model served that way is instrumented here)."""
+    original = _g.class_function(cls, _CB)
+
+    def init_continuous_batching(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.__dict__.get(_g.STATE_KEY) is None and self not in _opted_out and _class_patches.get(cls) is patch:
+            instrument(self, **patch.options)
+            patch.instances.add(self)
+        seam = self.__dict__.get(_CB)
+        if _is_our_seam(seam, self):
+            return seam(*args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    init_continuous_batching.__name__ = _CB
+    init_continuous_batching.__qualname__ = getattr(original, "__qualname__", _CB)
+    init_continuous_batching.__doc__ = original.__doc__
+    init_continuous_batching.__wrapped__ = original  # type: ignore[attr-defined]
+    init_continuous_batching._gpuprobe_class_wrapper = True  # type: ignore[attr-defined]
+    return init_continuous_batching
 
 
 _MISSING = object()
@@ -342,7 +375,8 @@ _class_patches: dict[type, _ClassPatch] = {}
 
 
 def instrument_class(cls: C | None = None, **options: Any) -> C:
-    """Instrument every instance of ``cls`` (and its subclasses) at its first ``generate()`` call.
+    """Instrument every instance of ``cls`` (and its subclasses) at its first ``generate()`` call or
+    continuous-batching start (``init_continuous_batching``, which ``generate_batch`` calls).
 
     For models created in code you do not own (a pipeline, a serving library). Each instance gets
     :func:`instrument` with ``options`` the first time it generates.
@@ -411,6 +445,9 @@ def instrument_class(cls: C | None = None, **options: Any) -> C:
         generate.__wrapped__ = original  # type: ignore[attr-defined]
         generate._gpuprobe_class_wrapper = True  # type: ignore[attr-defined]
         type.__setattr__(cls, "generate", generate)
+        if callable(getattr(cls, _CB, None)):
+            patch.saved_cb = cls.__dict__.get(_CB, _MISSING)
+            type.__setattr__(cls, _CB, _continuous_batching_wrapper(cls, patch))
         _class_patches[cls] = patch
     return cls
 
@@ -433,6 +470,11 @@ def uninstrument_class(cls: C | None = None) -> C:
                 type.__delattr__(cls, "generate")
         else:
             type.__setattr__(cls, "generate", patch.saved)
+        if getattr(cls.__dict__.get(_CB), "_gpuprobe_class_wrapper", False):
+            if patch.saved_cb is _MISSING:
+                type.__delattr__(cls, _CB)
+            else:
+                type.__setattr__(cls, _CB, patch.saved_cb)
         for inst in list(patch.instances):
             uninstrument(inst)
         if not _class_patches:
@@ -441,7 +483,8 @@ def uninstrument_class(cls: C | None = None) -> C:
 
 
 def instrument_all(**options: Any) -> None:
-    """Instrument every transformers model in the process at its first ``generate()`` call.
+    """Instrument every transformers model in the process at its first ``generate()`` call or
+    continuous-batching start.
 
     Same as ``instrument_class(GenerationMixin, **options)``.
 

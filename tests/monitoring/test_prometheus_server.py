@@ -101,7 +101,7 @@ def test_recorded_quantile_equals_the_inline_one(stack: Stack) -> None:
         a, b = stack.prom.query(f"{recorded}{sel}"), stack.prom.query(inline)
         return float(a[0]["value"][1]), float(b[0]["value"][1])
 
-    wait_until("the recorded inter-token p95", lambda: all(v == v for v in both()), 60, tuple(stack.procs))
+    wait_until("the recorded time-per-output-token p95", lambda: all(v == v for v in both()), 60, tuple(stack.procs))
     rec, inl = both()
     # One evaluation interval (1 s) apart at most; within one bucket either way.
     assert rec == pytest.approx(inl, rel=0.5), (rec, inl)
@@ -164,6 +164,33 @@ def test_alerts_fire_for_dropped_telemetry_and_generation_errors(stack: Stack) -
     wait_until("GpuprobeTelemetryDropped and GpuprobeGenerationErrors to fire",
                lambda: {"GpuprobeTelemetryDropped", "GpuprobeGenerationErrors"} <= firing(), 60, tuple(stack.procs))
     assert "GpuprobeTimeToFirstTokenHigh" not in firing()
+
+
+def test_device_clock_latencies_stay_apart_from_what_a_client_sees(stack: Stack) -> None:
+    """A GPU records time to first token and inter-token latency on both clocks: the latency panels draw
+    one line per clock, and the serving and per-rank panels read the host clock only."""
+    boards = {b["uid"]: b for b in shipped_dashboards()}
+
+    def target(uid: str, title: str, index: int = 0) -> str:
+        panel = next(p for p in dash.json_panels(boards[uid]) if p["title"] == title)
+        return str(panel["targets"][index]["expr"])
+
+    def clocks(expr: str, instance: str) -> set[str | None]:
+        values = {"instance": dash.regex_any([instance]), "model": ".*", "rank": ".*"}
+        return {r["metric"].get("clock") for r in stack.prom.query(dash.fill(expr, values))}
+
+    ttft_p50 = target("gpuprobe-overview", "Time to first token")
+    itl_p50 = target("gpuprobe-overview", "Inter-token latency")
+    wait_until("device-clock TTFT and inter-token lines from the GPU fixture",
+               lambda: clocks(ttft_p50, stack.gpu_fixture) == clocks(itl_p50, stack.gpu_fixture) == {"device"},
+               90, tuple(stack.procs))
+    wait_until("host-clock lines from the CPU workload",
+               lambda: clocks(ttft_p50, stack.single) == clocks(itl_p50, stack.single) == {"host"},
+               90, tuple(stack.procs))
+    serving_ttft = target("gpuprobe-overview", "Serving latency: TTFT, TPOT, end to end")
+    itl_by_rank = target("gpuprobe-ranks", "Inter-token latency p95 by rank")
+    assert clocks(serving_ttft, stack.gpu_fixture) == clocks(itl_by_rank, stack.gpu_fixture) == set()
+    assert clocks(serving_ttft, stack.single) == clocks(itl_by_rank, stack.single) == {"host"}
 
 
 def test_plot_script_draws_the_main_series(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]

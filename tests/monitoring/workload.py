@@ -7,12 +7,17 @@ Modes:
   repetition penalty. Every few calls it also makes calls that fail (a token id past the vocabulary),
   inside a probe, so the error panels have real errors; and it pushes OTLP to a port nobody listens on,
   so the telemetry-drop panel has real drops (``otlp_export_failed``). Kernel sampling is on
-  (``kernel_sampling``), which on a CPU categorizes the profiled step's operators.
+  (``kernel_sampling``), which on a CPU categorizes the profiled step's operators. Peak bandwidth and
+  FLOP/s are given, so the step's MBU and MFU are exported on the CPU. The sync audit counts one step
+  in 4 (on a CPU: what would synchronise on a GPU, e.g. transformers' stop check). Every few calls it
+  also runs continuous batching (``generate_batch``) with a KV cache too small for its requests, so
+  the serving panels have queued, waiting and preempted requests.
 - ``--distributed``: the same under torchrun: ``init_process_group("gloo")``, one all-reduce per
   call, /metrics on ``--port`` + ``LOCAL_RANK`` (gpuprobe's own rule).
 - ``--gpu-fixture``: no model; pushes synthetic values through gpuprobe's real runtime for the series
-  only a GPU produces (device-clock step times, the caching allocator's reserved memory), labelled as
-  a GPU run would label them. The GPU-only panels are checked against this process.
+  only a GPU produces (device-clock step times, time to first token and inter-token latency, the
+  caching allocator's reserved memory), labelled as a GPU run would label them. The GPU-only panels
+  are checked against this process.
 
 Stops on SIGTERM/SIGINT or after ``--seconds``. Prints one line ``serving <url>`` once /metrics is up.
 """
@@ -58,13 +63,21 @@ def _gpu_fixture(args: argparse.Namespace, stop: threading.Event) -> None:
     print(f"serving {server.url}", flush=True)
     step = rt.family("gpuprobe.step.duration")
     children = {phase: step.child(model=MODEL_NAME, phase=phase, clock="device") for phase in ("prefill", "decode")}
+    gen = {"gen_ai.request.model": MODEL_NAME, "gen_ai.provider.name": "transformers",
+           "gen_ai.operation.name": "text_completion"}
+    ttft = rt.family("gen_ai.server.time_to_first_token").child(**gen, clock="device")
+    itl = rt.family("gpuprobe.inter_token.duration").child(model=MODEL_NAME, clock="device")
     mem = {name: rt.family(f"gpuprobe.memory.{name}").child(device="cuda:0") for name in ("allocated", "reserved")}
     rng = random.Random(0)
     while not stop.wait(0.05):
         # Durations are recorded in integer nanoseconds, like every timing gpuprobe takes.
-        rt.emit(children["prefill"], int(rng.uniform(8e6, 12e6)))
+        prefill = int(rng.uniform(8e6, 12e6))
+        rt.emit(children["prefill"], prefill)
+        rt.emit(ttft, prefill + 50_000)  # the device's time to first token: the prefill and token selection
         for _ in range(8):
-            rt.emit(children["decode"], int(rng.uniform(2.5e6, 4e6)))
+            decode = int(rng.uniform(2.5e6, 4e6))
+            rt.emit(children["decode"], decode)
+            rt.emit(itl, decode)  # a decode step's device span is its token's inter-token latency
         allocated = 6.0e9 + rng.uniform(0, 5e8)
         rt.emit(mem["allocated"], allocated)
         rt.emit(mem["reserved"], allocated + 1.5e9)
@@ -94,9 +107,21 @@ def _generate(model: Any, rng: random.Random, bad: bool) -> None:
                        do_sample=True, top_k=20, temperature=0.9, repetition_penalty=1.3, pad_token_id=0)
 
 
+def _serve_batch(model: Any, rng: random.Random) -> None:
+    """Continuous batching: 6 requests of 24 tokens and a cache of 8 blocks of 16 tokens, so requests
+    wait for room and some are preempted (their cache offloaded or dropped, and redone later)."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    prompts = [[rng.randint(3, 127) for _ in range(rng.randint(6, 14))] for _ in range(6)]
+    gen = GenerationConfig(max_new_tokens=24, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cache = ContinuousBatchingConfig(num_blocks=8, page_size=16, max_batch_tokens=16)
+    model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cache)
+
+
 def _generation(args: argparse.Namespace, stop: threading.Event) -> None:
-    gpuprobe.configure(kernel_sampling=16, otlp_endpoint=f"http://127.0.0.1:{_closed_port()}/v1/metrics",
-                       otlp_interval=1.0, otlp_timeout=0.5)
+    # Peaks for the CPU (none are known for it), so the MBU and MFU panels have data.
+    gpuprobe.configure(kernel_sampling=16, sync_audit=4, otlp_endpoint=f"http://127.0.0.1:{_closed_port()}/v1/metrics",
+                       otlp_interval=1.0, otlp_timeout=0.5, peak_memory_bandwidth="20G", peak_flops="200G")
     dist = None
     if args.distributed:
         import torch.distributed as dist
@@ -118,6 +143,8 @@ def _generation(args: argparse.Namespace, stop: threading.Event) -> None:
             import torch
 
             dist.all_reduce(torch.ones(1))
+        if calls % 5 == 1:
+            _serve_batch(model, rng)
         calls += 1
         stop.wait(args.pause)
     if dist is not None:

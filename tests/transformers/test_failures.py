@@ -76,8 +76,9 @@ def test_steps_completed_before_a_failure_are_kept_and_the_failed_one_is_not(mak
                        logits_processor=transformers.LogitsProcessorList([ExplodeAtStep(3)]))
     # Steps 0 and 1 finished; step 2 raised in its logits processor.
     assert metric_count("gpuprobe.step.duration") == 2
-    assert metric_count("gen_ai.server.time_per_output_token") == 1
+    assert metric_count("gpuprobe.inter_token.duration") == 1
     assert metric_count("gen_ai.server.time_to_first_token") == 1
+    assert metric_count("gen_ai.server.time_per_output_token") == 0  # per successful request only
 
 
 def test_a_model_that_failed_generates_and_counts_normally_afterwards(make_model):
@@ -86,4 +87,5 @@ def test_a_model_that_failed_generates_and_counts_normally_afterwards(make_model
         model.generate(prompt(), max_new_tokens=4, logits_processor=transformers.LogitsProcessorList([ExplodeAtStep(1)]))
     model.generate(prompt(), max_new_tokens=4, min_new_tokens=4)
     assert requests_by_error() == {"Boom": 1, None: 1}
-    assert metric_count("gen_ai.server.time_per_output_token") == 3
+    assert metric_count("gpuprobe.inter_token.duration") == 3
+    assert metric_count("gen_ai.server.time_per_output_token") == 1

@@ -79,9 +79,13 @@ def test_greedy_is_unchanged_and_counted_for_each_family(make_model, family, dev
     instrument(model, model_name=family, layers=True, layer_every=2)
     out = model.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False)
     assert torch.equal(ref, out)
-    assert counts("gen_ai.server.time_per_output_token", gen_ai_request_model=family) == 4
-    assert counts("gpuprobe.step.duration", model=family, phase="prefill", clock="host") == 1
     on_device = device_backend is not None  # on a (simulated) GPU every step also has a device span
+    assert counts("gen_ai.server.time_per_output_token", gen_ai_request_model=family) == 1  # one request
+    assert counts("gpuprobe.inter_token.duration", model=family, clock="host") == 4  # one per decode step
+    assert counts("gpuprobe.inter_token.duration", model=family, clock="device") == 4 * on_device
+    assert counts("gen_ai.server.time_to_first_token", gen_ai_request_model=family, clock="host") == 1
+    assert counts("gen_ai.server.time_to_first_token", gen_ai_request_model=family, clock="device") == on_device
+    assert counts("gpuprobe.step.duration", model=family, phase="prefill", clock="host") == 1
     assert counts("gpuprobe.step.duration", model=family, phase="prefill", clock="device") == int(on_device)
     assert counts("gpuprobe.step.duration", model=family, phase="decode", clock="device") == 4 * on_device
     assert counts("gpuprobe.layer.duration", model=family) == 2 * 2  # decode steps 2 and 4, two layers
@@ -118,7 +122,8 @@ def test_static_cache_matches_dynamic_and_is_counted(make_model):
     dyn = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
     sta = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, cache_implementation="static")
     assert torch.equal(dyn, sta)
-    assert counts("gen_ai.server.time_per_output_token") == 2 * 5
+    assert counts("gpuprobe.inter_token.duration", clock="host") == 2 * 5
+    assert counts("gen_ai.server.time_per_output_token") == 2
 
 
 def test_streamer_gets_every_token_and_is_timed_per_step(make_model):
@@ -159,9 +164,10 @@ def test_several_models_in_one_process_keep_their_own_series(make_model):
     a.generate(prompt(), max_new_tokens=3, min_new_tokens=3)
     b.generate(prompt(), max_new_tokens=5, min_new_tokens=5)
     b.generate(prompt(), max_new_tokens=5, min_new_tokens=5)
-    assert counts("gen_ai.server.time_per_output_token", gen_ai_request_model="a") == 2
-    assert counts("gen_ai.server.time_per_output_token", gen_ai_request_model="b") == 8
-    assert counts("gen_ai.server.time_to_first_token", gen_ai_request_model="b") == 2
+    assert counts("gpuprobe.inter_token.duration", model="a", clock="host") == 2
+    assert counts("gpuprobe.inter_token.duration", model="b", clock="host") == 8
+    assert counts("gen_ai.server.time_per_output_token", gen_ai_request_model="b") == 2
+    assert counts("gen_ai.server.time_to_first_token", gen_ai_request_model="b", clock="host") == 2
 
 
 def test_generate_from_several_threads_at_once(make_model):
@@ -185,9 +191,10 @@ def test_generate_from_several_threads_at_once(make_model):
     for t in threads:
         t.join(120)
     assert not errors
-    assert counts("gen_ai.server.time_to_first_token", gen_ai_request_model="shared") == 3 + 2 + 2
-    assert counts("gen_ai.server.time_per_output_token", gen_ai_request_model="shared") == 3 * 3 + 2 * 5 + 2 * 1
-    assert counts("gen_ai.server.time_per_output_token", gen_ai_request_model="other") == 2 * 4
+    assert counts("gen_ai.server.time_to_first_token", gen_ai_request_model="shared", clock="host") == 3 + 2 + 2
+    assert counts("gpuprobe.inter_token.duration", model="shared", clock="host") == 3 * 3 + 2 * 5 + 2 * 1
+    assert counts("gpuprobe.inter_token.duration", model="other", clock="host") == 2 * 4
+    assert counts("gen_ai.server.time_per_output_token", gen_ai_request_model="shared") == 3 + 2 + 2
     assert counts("gpuprobe.layer.duration", model="shared") == 2 * (3 * 3 + 2 * 5 + 2 * 1)
     assert counts("gpuprobe.generate.active", model="shared") == 0
     assert all(len(m._forward_hooks) == 0 for m in shared.modules())

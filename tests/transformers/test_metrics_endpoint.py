@@ -11,6 +11,7 @@ from gpuprobe.integrations.transformers import instrument
 
 TTFT = "gen_ai_server_time_to_first_token_seconds"
 TPOT = "gen_ai_server_time_per_output_token_seconds"
+ITL = "gpuprobe_inter_token_duration_seconds"
 REQ = "gen_ai_server_request_duration_seconds"
 USAGE = "gen_ai_client_token_usage"
 STEP = "gpuprobe_step_duration_seconds"
@@ -60,7 +61,8 @@ def test_one_decode_step_sample_per_step_run(make_model, scrape):
     outs = [model.generate(ids, max_new_tokens=n, min_new_tokens=n) for n in (2, 7)]
     decode_steps = sum(o.shape[1] - ids.shape[1] - 1 for o in outs)  # step 0 is the prefill
     s = scrape()
-    assert s.value(TPOT + "_count") == decode_steps
+    assert s.value(ITL + "_count", clock="host") == decode_steps
+    assert s.value(TPOT + "_count") == 2  # one per request of two tokens or more
     assert s.value(STEP + "_count", phase="decode", clock="host") == decode_steps
     assert s.value(COMP + "_count", component="forward") == decode_steps + 2
 

@@ -1,0 +1,112 @@
+"""Imported by Python's ``site`` at start-up when ``gpuprobe run`` started the process.
+
+``gpuprobe run`` puts this module's directory first on ``PYTHONPATH``, so this ``sitecustomize`` is
+found before any other. It installs a post-import hook on ``transformers.generation.utils`` whose
+callback imports gpuprobe and switches it on (:func:`gpuprobe._bootstrap.switch_on`), then imports
+the ``sitecustomize`` that would have been imported without it, if there is one, so both run.
+
+Only the standard library is imported here. Why: importing gpuprobe costs ~45 ms (test machine),
+paid by every Python process of the command — helpers and launchers that never import transformers
+included — if it were done at start-up; this module costs ~3 ms.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+
+# Why no typing imports at run time: typing and collections.abc cost ~3 ms at every start-up (test
+# machine), a third of what this module costs; the annotations are only read by type checkers.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from types import ModuleType
+    from typing import Any
+
+TRIGGER_MODULE = "transformers.generation.utils"
+"""The module whose import switches gpuprobe on (it defines ``GenerationMixin``)."""
+
+
+class _Loader:
+    """Runs the real loader, then ``after(module)``."""
+
+    def __init__(self, loader: Any, after: Callable[[ModuleType], None]) -> None:
+        self._loader = loader
+        self._after = after
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._after(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, ... of the real loader
+        return getattr(self._loader, name)
+
+
+class _AfterImport:
+    """A meta path finder that calls ``after()`` once module ``name`` has been imported (a post-import
+    hook), then takes itself off ``sys.meta_path``."""
+
+    def __init__(self, name: str, after: Callable[[], None]) -> None:
+        self.name = name
+        self.after = after
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        for finder in list(sys.meta_path):
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _Loader(spec.loader, self._done)  # type: ignore[assignment]
+        return spec
+
+    def _done(self, module: ModuleType) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        self.after()
+
+
+def _switch_on() -> None:
+    try:
+        from gpuprobe import _bootstrap
+    except Exception as exc:  # another Python than gpuprobe's, or a broken install: run without it
+        try:
+            sys.stderr.write(f"gpuprobe run: {sys.executable} cannot import gpuprobe ({type(exc).__name__}: "
+                             f"{exc}); the program runs without it\n")
+        except Exception:
+            pass
+        return
+    _bootstrap.switch_on()
+
+
+def _chain() -> None:
+    """Import the next ``sitecustomize`` on ``sys.path`` (the one this module shadows)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    from importlib.util import module_from_spec
+
+    module = module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+if __name__ == "sitecustomize":  # imported by site, not as gpuprobe._sitecustomize.sitecustomize
+    if TRIGGER_MODULE in sys.modules:
+        _switch_on()
+    else:
+        sys.meta_path.insert(0, _AfterImport(TRIGGER_MODULE, _switch_on))
+    _chain()

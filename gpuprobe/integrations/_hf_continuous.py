@@ -1,0 +1,638 @@
+"""Continuous batching seen from the inside: requests, scheduler steps and the paged KV cache.
+
+transformers' continuous batching (``generate_batch``, ``continuous_batching_context_manager``,
+``init_continuous_batching`` — and ``transformers serve --continuous-batching``, which calls the
+last) runs a generation loop on a thread of its own::
+
+    ContinuousBatchingManager                    seam: observed when init_continuous_batching returns it
+      _run_generation_loop()   (its thread)      seam: the loop's start and end (gauges, steps done)
+        _create_batch_processor()                seam: the processor, scheduler, cache are observed
+        loop:
+          prepare_next_batch()                   seam: a step opens (component schedule); gauges
+            scheduler.schedule_batch()           seam: the requests of the batch
+            offloading_manager.offload_requests  seam: preemptions
+          _generation_step(model)                seam: component forward (device span on GPUs)
+          update_batch()                         seam: component update; first tokens; the step closes
+            output_router.deliver(_batch)()      seam: finished and failed requests
+      scheduler.set_request_cancellation()       seam: cancelled requests
+
+Every seam is an instance attribute of the object transformers calls it on (the manager, its batch
+processor, scheduler, offloading manager and output router), so only observed managers change and
+:meth:`ServingState.close` takes them all away again.
+
+A step is one turn of the loop that ran a forward: from the start of ``prepare_next_batch`` to the
+end of ``update_batch``, so ``schedule + forward + update`` tile it. With asynchronous batching
+(CUDA graphs) the update of a turn is that of the previous batch; a turn is still one step.
+
+Per request (by its id, never a label): its arrival is the request's ``created_time``; its queue
+time runs to the end of the step preparation that first scheduled it; its first token is there
+when the update that produced it ends; its duration ends when its output is delivered.
+A request preempted (offloaded to the CPU or restarted) and scheduled again keeps its arrival and
+first token. Counted per model: the gauges are read at the end of each preparation (the loop also
+prepares every 0.1 s while idle) and written only when they change.
+
+The hot path only appends ``(series.apply, value)`` records to the loop thread's buffer; the
+runtime aggregates them off the loop.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from time import perf_counter_ns
+from typing import Any
+
+from .. import is_enabled
+from ..runtime import Runtime
+
+__all__ = ["ServingState", "PHASES", "FINISH_REASONS"]
+
+PHASES = ("prefill", "decode", "mixed")
+"""The ``phase`` of a continuous-batching step: only prompt tokens, only generated tokens, or both."""
+FINISH_REASONS = ("stop", "length", "cancelled", "failed")
+"""``finish_reason`` of ``gpuprobe.requests.finished``: an end-of-sequence token, the token limit,
+cancelled (the client went away), failed (an error)."""
+
+# Objects and the methods of theirs that become seams, checked before anything is patched.
+_MANAGER = ("_create_batch_processor", "_run_generation_loop")
+_ROUTER = ("deliver", "deliver_batch")
+_PROCESSOR = ("prepare_next_batch", "_generation_step", "update_batch")
+_SCHEDULER = ("schedule_batch", "set_request_cancellation")
+_OFFLOADER = ("offload_requests",)
+_MARK = "_gpuprobe_loop"  # the manager's _Loop, in its __dict__
+_NONE = object()
+
+
+class _Req:
+    """What gpuprobe keeps of one request while it runs (never exported: no id or text is a label)."""
+
+    __slots__ = ("state", "arrival", "first")
+
+    def __init__(self, state: Any, arrival: int) -> None:
+        self.state = state  # the RequestState first scheduled (its end-of-sequence ids)
+        self.arrival = arrival  # perf_counter_ns of its creation
+        self.first = 0  # perf_counter_ns of its first token on the host; 0: none yet
+
+
+def _ns(seconds: float) -> int:
+    # RequestState.created_time comes from time.perf_counter(), the clock of perf_counter_ns().
+    return int(seconds * 1e9)
+
+
+def _ends_with_eos(state: Any, tokens: list[int]) -> bool:
+    if not tokens or state is None:
+        return False
+    eos = getattr(state, "eos_token_id", None)
+    if eos is None:
+        return False
+    if isinstance(eos, int):
+        return tokens[-1] == eos
+    return tokens[-1] in eos
+
+
+class ServingState:
+    """The series of one model's continuous batching, prepared once, and the objects observed.
+
+    Made by the model's :class:`~gpuprobe.integrations._hf_generate.ModelState` the first time a
+    manager is created for the model.
+    """
+
+    def __init__(self, rt: Runtime, name: str, gen_labels: dict[str, str]) -> None:
+        from transformers.generation.continuous_batching.requests import RequestStatus
+
+        self.rt = rt
+        self.model_name = name
+        self.finished_status = int(RequestStatus.FINISHED)
+        self.failed_status = int(RequestStatus.FAILED)
+        fam = rt.family
+        ml = {"model": name}
+        # Records are (bound apply of a series, value), as in the generate() integration: prepared here.
+        self.ttft = fam("gen_ai.server.time_to_first_token").child(**gen_labels, clock="host").apply
+        self.tpot = fam("gen_ai.server.time_per_output_token").child(**gen_labels).apply
+        req = fam("gen_ai.server.request.duration")
+        self.req_ok = req.child(**gen_labels).apply
+        self.req_cancelled = req.child(**gen_labels, **{"error.type": "cancelled"}).apply
+        self.req_failed = req.child(**gen_labels, **{"error.type": "failed"}).apply
+        usage = fam("gen_ai.client.token.usage")
+        self.usage_in = usage.child(**gen_labels, **{"gen_ai.token.type": "input"}).apply
+        self.usage_out = usage.child(**gen_labels, **{"gen_ai.token.type": "output"}).apply
+        self.queue = fam("gpuprobe.request.queue.duration").child(**ml).apply
+        finished = fam("gpuprobe.requests.finished")
+        self.finished = {r: finished.child(**ml, finish_reason=r).apply for r in FINISH_REASONS}
+        self.preempted = fam("gpuprobe.requests.preempted").child(**ml).apply
+        self.running = fam("gpuprobe.requests.running").child(**ml).apply
+        self.waiting = fam("gpuprobe.requests.waiting").child(**ml).apply
+        self.kv_usage = fam("gpuprobe.kv_cache.usage").child(**ml).apply
+        blocks = fam("gpuprobe.kv_cache.blocks")
+        self.kv_used = blocks.child(**ml, state="used").apply
+        self.kv_total = blocks.child(**ml, state="total").apply
+        tokens = fam("gpuprobe.batch.tokens")
+        self.tokens_prefill = tokens.child(**ml, phase="prefill").apply
+        self.tokens_decode = tokens.child(**ml, phase="decode").apply
+        self.batch_requests = fam("gpuprobe.batch.requests").child(**ml).apply
+        step = fam("gpuprobe.step.duration")
+        self.step_host = tuple(step.child(**ml, phase=p, clock="host").apply for p in PHASES)
+        self.step_dev = tuple(step.child(**ml, phase=p, clock="device") for p in PHASES)
+        comp = fam("gpuprobe.step.component.duration")
+        self.c_schedule = comp.child(**ml, component="schedule").apply
+        self.c_forward = comp.child(**ml, component="forward").apply
+        self.c_update = comp.child(**ml, component="update").apply
+        self.inter_token = fam("gpuprobe.inter_token.duration").child(**ml, clock="host").apply
+        self._patched: list[tuple[weakref.ref[Any], str, Any, Any]] = []
+        self._managers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    # -- observing ------------------------------------------------------------------------------
+    def observe(self, manager: Any) -> Any:
+        """Put the seams on ``manager`` (once); returns it. Another transformers shape: warned, left alone."""
+        d = getattr(manager, "__dict__", None)
+        if d is None or d.get(_MARK) is not None:
+            return manager
+        router = getattr(manager, "output_router", None)
+        if not (_has(manager, _MANAGER) and _has(router, _ROUTER)):
+            self.rt.warn_once("continuous-batching-shape", (
+                f"gpuprobe: {type(manager).__qualname__} does not have the methods gpuprobe observes; "
+                "continuous batching is not measured with this transformers version"))
+            return manager
+        loop = _Loop(self)
+        d[_MARK] = loop
+        self._managers.add(manager)
+        create, run = _original(manager, "_create_batch_processor"), _original(manager, "_run_generation_loop")
+        deliver, deliver_batch = _original(router, "deliver"), _original(router, "deliver_batch")
+
+        def _create_batch_processor() -> Any:
+            bp = create()
+            try:
+                loop.attach(bp)
+            except Exception as exc:
+                loop.failed(exc)
+            return bp
+
+        def _run_generation_loop() -> None:
+            loop.begin()
+            try:
+                run()
+            finally:
+                try:
+                    loop.end()
+                except Exception as exc:
+                    loop.failed(exc)
+
+        finished = self.finished_status
+
+        # Recorded before the output is handed over, so a client that has its answer finds it counted.
+        def deliver_output(output: Any) -> None:
+            try:
+                if output.status >= finished:
+                    loop.finish(output)
+            except Exception as exc:
+                loop.failed(exc)
+            deliver(output)
+
+        def deliver_outputs(outputs: list[Any]) -> None:
+            try:
+                for output in outputs:
+                    if output.status >= finished:
+                        loop.finish(output)
+            except Exception as exc:
+                loop.failed(exc)
+            deliver_batch(outputs)
+
+        self._patch(manager, "_create_batch_processor", _create_batch_processor)
+        self._patch(manager, "_run_generation_loop", _run_generation_loop)
+        self._patch(router, "deliver", deliver_output)
+        self._patch(router, "deliver_batch", deliver_outputs)
+        bp = getattr(manager, "batch_processor", None)
+        if bp is not None:  # a manager kept from an earlier session
+            loop.attach(bp)
+        return manager
+
+    def _patch(self, obj: Any, name: str, fn: Any) -> None:
+        fn._gpuprobe_seam = True
+        previous = obj.__dict__.get(name, _NONE)  # someone's instance attribute: put back by close()
+        obj.__dict__[name] = fn
+        self._patched.append((weakref.ref(obj), name, fn, previous))
+
+    def close(self) -> None:
+        """Take every seam away again (the model is uninstrumented)."""
+        for ref, name, fn, previous in reversed(self._patched):
+            obj = ref()
+            if obj is None or obj.__dict__.get(name) is not fn:
+                continue  # gone, or replaced since: left as it is
+            if previous is _NONE:
+                del obj.__dict__[name]
+            else:
+                obj.__dict__[name] = previous
+        self._patched.clear()
+        for manager in list(self._managers):
+            manager.__dict__.pop(_MARK, None)
+        self._managers = weakref.WeakSet()
+
+
+def _original(obj: Any, name: str) -> Any:
+    """``obj.<name>`` as a callable that does not keep ``obj`` alive.
+
+    A bound method stored on the object it is bound to is a reference cycle. transformers frees its
+    batch processor — and the KV cache with it — by reference counting when it stops; a cycle would
+    keep the cache until the next garbage collection.
+    """
+    own = obj.__dict__.get(name)
+    if own is not None:  # an instance attribute put there by someone else: it runs underneath
+        return own
+    func = getattr(type(obj), name)
+    ref = weakref.ref(obj)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return func(ref(), *args, **kwargs)
+
+    return call
+
+
+def _has(obj: Any, names: tuple[str, ...]) -> bool:
+    return obj is not None and hasattr(obj, "__dict__") and all(callable(getattr(obj, n, None)) for n in names)
+
+
+class _Loop:
+    """One manager's generation loop: the requests it runs, the open step, the last gauges written."""
+
+    def __init__(self, st: ServingState) -> None:
+        self.st = st
+        self.rt = st.rt
+        self.live: dict[str, _Req] = {}
+        self.inflight: deque[list[tuple[_Req, Any]]] = deque()  # first-token candidates per batch
+        self.cancelled: set[str] = set()
+        self.scheduled: list[Any] | None = None
+        self.scheduler: Any = None
+        self.cache: Any = None
+        self.allocators: list[tuple[int, int, Any]] = []  # (pool index, bytes per block, ledger)
+        self.last: tuple[int, int, int] | None = None
+        self.records: Any = None
+        self.open = False
+        self.stepping = False
+        self.step_t0 = self.sched_ns = self.fwd_ns = 0
+        self.phase = 0
+        self.decode = False
+        self.device: int | None = None  # CUDA device of the model, else None (no device spans)
+        self.stream: Any = None  # the processor's compute stream
+        self.dev_tok: Any = None
+        self.attached: weakref.ref[Any] | None = None
+        self.finished_status = st.finished_status
+        self.failed_status = st.failed_status
+
+    # -- the batch processor ---------------------------------------------------------------------
+    def attach(self, bp: Any) -> None:
+        """Put the step seams on a batch processor and its scheduler (once per processor; a processor
+        kept for the next session is only bound again)."""
+        if self.attached is not None and self.attached() is bp:
+            self._bind(bp)
+            return
+        scheduler = getattr(bp, "scheduler", None)
+        cache = getattr(bp, "cache", None)
+        if not (_has(bp, _PROCESSOR) and _has(scheduler, _SCHEDULER) and cache is not None):
+            self.rt.warn_once("continuous-batching-shape", (
+                f"gpuprobe: {type(bp).__qualname__} does not have the methods gpuprobe observes; "
+                "continuous batching steps are not measured with this transformers version"))
+            return
+        self.attached = weakref.ref(bp)
+        self._bind(bp)
+        st = self.st
+        prepare, step = _original(bp, "prepare_next_batch"), _original(bp, "_generation_step")
+        update = _original(bp, "update_batch")
+        schedule = _original(scheduler, "schedule_batch")
+        set_cancel = _original(scheduler, "set_request_cancellation")
+
+        # Every seam runs transformers' own method unconditionally; what gpuprobe does around it is in
+        # try blocks (free in CPython 3.11 until something raises): telemetry never stops the loop.
+        def prepare_next_batch() -> bool:
+            if not is_enabled():
+                return prepare()  # type: ignore[no-any-return]
+            t0 = perf_counter_ns()
+            try:
+                if self.open:  # the first turn of asynchronous batching has no update
+                    self.close_step(t0, 0)
+                if self.cancelled:
+                    self.cancelled.clear()
+                self.scheduled = None
+            except Exception as exc:
+                self.failed(exc)
+            ok = prepare()
+            t1 = perf_counter_ns()
+            try:
+                self.records = records = self.rt.thread_records()
+                self.gauges(records)
+                if ok and self.scheduled:
+                    self.open_step(records, t0, t1)
+                elif self.stepping:  # idle again: what a step hook opened for this thread can close
+                    self.stepping = False
+                    self.rt.steps_done()
+            except Exception as exc:
+                self.failed(exc)
+            return ok  # type: ignore[no-any-return]
+
+        def schedule_batch(*args: Any, **kwargs: Any) -> Any:
+            out = schedule(*args, **kwargs)
+            self.scheduled = out[0]
+            return out
+
+        def generation_step(model: Any) -> None:
+            if not self.open:
+                return step(model)  # type: ignore[no-any-return]
+            if self.device is None:
+                t0 = perf_counter_ns()
+                step(model)
+                self.fwd_ns = perf_counter_ns() - t0
+                return None
+            clock = self.rt.backends.device_clock
+            t0 = perf_counter_ns()
+            tok = self._device_start(clock) if clock is not None else None
+            try:
+                step(model)
+            except BaseException:
+                if tok is not None:  # the events go back to their pool
+                    clock.discard(self._device_stop(clock, tok))
+                raise
+            if tok is not None:
+                self.dev_tok = self._device_stop(clock, tok)
+            self.fwd_ns = perf_counter_ns() - t0
+            return None
+
+        def update_batch() -> None:
+            if not self.open and not self.inflight:
+                return update()  # type: ignore[no-any-return]
+            t0 = perf_counter_ns()
+            update()
+            t1 = perf_counter_ns()
+            try:
+                firsts = self.inflight.popleft() if self.inflight else ()
+                if firsts:
+                    records = self.records
+                    ttft = st.ttft
+                    for req, state in firsts:
+                        if not req.first and state.generated_tokens:  # its first token came with this update
+                            req.first = t1
+                            records.append((ttft, t1 - req.arrival))
+                if self.open:
+                    self.close_step(t1, t1 - t0)
+            except Exception as exc:
+                self.failed(exc)
+            return None
+
+        # Why this seam and not scheduler.clear_cancelled_requests: that one runs on every step (one more
+        # Python frame, ~0.15 us), this one only when a client goes away.
+        def set_request_cancellation(request_id: str) -> None:
+            set_cancel(request_id)
+            try:
+                self.cancel(request_id)
+            except Exception as exc:
+                self.failed(exc)
+
+        st._patch(bp, "prepare_next_batch", prepare_next_batch)
+        st._patch(bp, "_generation_step", generation_step)
+        st._patch(bp, "update_batch", update_batch)
+        st._patch(scheduler, "schedule_batch", schedule_batch)
+        st._patch(scheduler, "set_request_cancellation", set_request_cancellation)
+        offloader = getattr(bp, "offloading_manager", None)
+        if _has(offloader, _OFFLOADER):
+            offload = _original(offloader, "offload_requests")
+
+            def offload_requests(*args: Any, **kwargs: Any) -> Any:
+                scheduler = self.scheduler
+                before = len(scheduler.active_requests) if scheduler is not None else 0
+                out = offload(*args, **kwargs)
+                evicted = before - len(scheduler.active_requests) if scheduler is not None else 0
+                if evicted > 0:
+                    self.rt.thread_records().append((st.preempted, evicted))
+                return out
+
+            st._patch(offloader, "offload_requests", offload_requests)
+
+    def _bind(self, bp: Any) -> None:
+        """Hold the processor's scheduler and cache while its loop runs (:meth:`release` lets go)."""
+        self.scheduler, self.cache = bp.scheduler, bp.cache
+        self._read_cache_geometry(bp.cache)
+        self._place(bp)
+        self.rt.thread_records().append((self.st.kv_total, self.num_blocks))
+
+    def release(self) -> None:
+        """Let go of the processor's parts, so they (and the KV cache) are freed when transformers drops it."""
+        self.scheduler = self.cache = self.stream = self.scheduled = None
+        self.allocators = []
+
+    def _read_cache_geometry(self, cache: Any) -> None:
+        allocators = []
+        for allocator in getattr(cache, "cache_allocators", {}).values():
+            ledger = getattr(allocator, "ledger", None)
+            allocators.append((allocator.index, allocator.bytes_per_block, ledger))
+        self.allocators = allocators
+        self.total_bytes = int(cache.num_sectors) * int(cache.bytes_per_sector)
+        self.num_blocks = int(getattr(cache, "num_blocks", 0))
+
+    def _place(self, bp: Any) -> None:
+        device = getattr(bp, "model_device", None)
+        if getattr(device, "type", None) != "cuda":
+            self.device = None
+            return
+        import torch
+
+        self.device = device.index if device.index is not None else torch.cuda.current_device()
+        self.stream = getattr(getattr(bp, "inputs_and_outputs", None), "compute_stream", None)
+
+    def _device_start(self, clock: Any) -> Any:
+        # The forward runs on the processor's compute stream: the events go there too.
+        if self.stream is None:
+            return clock.start(self.device)
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            return clock.start(self.device)
+
+    def _device_stop(self, clock: Any, tok: Any) -> Any:
+        if self.stream is None:
+            return clock.stop(tok)
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            return clock.stop(tok)
+
+    def failed(self, exc: BaseException) -> None:
+        """gpuprobe's own work around a seam raised: said once; the loop goes on (its step is dropped)."""
+        self.open = False
+        self.rt.warn_once("continuous-batching", f"gpuprobe: continuous-batching telemetry failed: {exc!r}")
+
+    # -- the loop --------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """The generation loop starts (on its thread)."""
+        self.live.clear()
+        self.inflight.clear()
+        self.cancelled.clear()
+        self.open = self.stepping = False
+        self.last = None
+        self.dev_tok = None
+
+    def end(self) -> None:
+        """The generation loop ended: the gauges say what is left, the thread's steps are over."""
+        self.open = False
+        if self.dev_tok is not None:
+            from ..timing import DeviceClock
+
+            DeviceClock.discard(self.dev_tok)
+            self.dev_tok = None
+        self.inflight.clear()
+        self.live.clear()
+        if self.scheduler is not None:
+            self.last = None
+            self.gauges(self.rt.thread_records())
+        if self.stepping:
+            self.stepping = False
+            self.rt.steps_done()
+        self.release()
+        self.rt.drain_if_full(self.rt.thread_records())
+
+    def used_blocks(self) -> tuple[int, float]:
+        """Blocks in use and the fraction of the cache they hold. Blocks kept only for prefix reuse
+        (no request holds them; the scheduler evicts them when it needs room) count as free."""
+        cache = self.cache
+        pool = cache.pool
+        free = len(pool.free_sectors) * cache.bytes_per_sector
+        for index, per_block, ledger in self.allocators:
+            n = pool.count_free_blocks(index)
+            if ledger is not None:
+                n += len(ledger.cached_blocks)
+            free += n * per_block
+        used = 1.0 - free / self.total_bytes if self.total_bytes else 0.0
+        used = min(1.0, max(0.0, used))
+        return round(used * self.num_blocks), used
+
+    def gauges(self, records: Any) -> None:
+        """Running, waiting and the KV cache, appended only when one of them changed."""
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        running, waiting = len(scheduler.active_requests), len(scheduler.waiting_requests)
+        blocks, usage = self.used_blocks()
+        now = (running, waiting, blocks)
+        # Why only on a change: the idle loop prepares 10 times a second, and appending and applying the
+        # four records costs ~1 us a step (8 requests, test CPU) for values a gauge keeps anyway.
+        if now == self.last:
+            return
+        self.last = now
+        st = self.st
+        records.append((st.running, running))
+        records.append((st.waiting, waiting))
+        records.append((st.kv_used, blocks))
+        records.append((st.kv_usage, usage))
+
+    def open_step(self, records: Any, t0: int, t1: int) -> None:
+        """A batch was scheduled: count the step, its tokens by phase, and its new requests."""
+        st = self.st
+        batch = self.scheduled
+        self.rt.steps.advance()  # profile windows and kernel sampling see continuous-batching steps too
+        self.stepping = True
+        prefill = decode = 0
+        live = self.live
+        firsts: list[tuple[_Req, Any]] = []
+        append = records.append
+        for fs in batch:  # type: ignore[union-attr]
+            state = fs.state
+            q = fs.query_length
+            end = state.position_offset  # already moved past this step's tokens
+            n = len(state.initial_tokens)
+            # Tokens at positions below the prompt's length are prompt (prefill) tokens; a request
+            # restarted after preemption prefills its prompt and what it had generated again.
+            if end <= n:
+                prefill += q
+            elif end - q >= n:
+                decode += q
+            else:
+                k = n - end + q
+                prefill += k
+                decode += q - k
+            req = live.get(state.request_id)
+            if req is None:
+                req = live[state.request_id] = _Req(state, _ns(state.created_time))
+                append((st.queue, max(0, t1 - req.arrival)))
+            if fs.has_new_token and not req.first:
+                firsts.append((req, state))
+        self.inflight.append(firsts)
+        append((st.batch_requests, len(batch)))  # type: ignore[arg-type]
+        if prefill:
+            append((st.tokens_prefill, prefill))
+        if decode:
+            append((st.tokens_decode, decode))
+        self.phase = 2 if prefill and decode else (0 if prefill else 1)
+        self.decode = decode > 0
+        self.step_t0 = t0
+        self.sched_ns = t1 - t0
+        self.fwd_ns = 0
+        self.open = True
+
+    def close_step(self, t: int, update_ns: int) -> None:
+        st = self.st
+        records = self.records
+        append = records.append
+        dur = t - self.step_t0
+        phase = self.phase
+        append((st.step_host[phase], dur))
+        append((st.c_schedule, self.sched_ns))
+        append((st.c_forward, self.fwd_ns))
+        if update_ns:
+            append((st.c_update, update_ns))
+        if self.decode:
+            append((st.inter_token, dur))  # each decoding request waited this long for its next token
+        tok = self.dev_tok
+        if tok is not None:
+            append((self.rt.pending.apply, (st.step_dev[phase], tok)))
+            self.dev_tok = None
+        self.open = False
+        if len(records) >= self.rt.buffer_size:
+            self.rt.drain()
+
+    # -- requests --------------------------------------------------------------------------------
+    def finish(self, output: Any) -> None:
+        """A request's last output was delivered (finished or failed)."""
+        rid = output.request_id
+        if rid in self.cancelled or not is_enabled():
+            return
+        req = self.live.pop(rid, None)
+        now = perf_counter_ns()
+        arrival = req.arrival if req is not None else _ns(output.created_time)
+        dur = max(0, now - arrival)
+        st = self.st
+        records = self.rt.thread_records()
+        append = records.append
+        if output.status == self.failed_status or output.error is not None:
+            append((st.req_failed, dur))
+            append((st.finished["failed"], 1))
+            return
+        tokens = output.generated_tokens
+        n_out = len(tokens)
+        append((st.req_ok, dur))
+        append((st.usage_in, len(output.prompt_ids)))
+        append((st.usage_out, n_out))
+        first = req.first if req is not None else 0
+        if not first and n_out:  # finished by the update that produced its first token
+            first = now
+            append((st.ttft, dur))
+        if n_out > 1:
+            # The GenAI convention's time per output token: (duration - TTFT) / (output tokens - 1).
+            append((st.tpot, (now - first) // (n_out - 1)))
+        reason = "stop" if _ends_with_eos(req.state if req is not None else None, tokens) else "length"
+        append((st.finished[reason], 1))
+
+    def cancel(self, request_id: str) -> None:
+        """The scheduler was told to cancel a request (the client went away)."""
+        if request_id in self.cancelled or not is_enabled():
+            return
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        state = scheduler.active_requests.get(request_id) or scheduler.waiting_requests.get(request_id)
+        if state is None:  # finished already, or unknown
+            return
+        self.cancelled.add(request_id)
+        req = self.live.pop(request_id, None)
+        arrival = req.arrival if req is not None else _ns(state.created_time)
+        st = self.st
+        records = self.rt.thread_records()
+        records.append((st.req_cancelled, max(0, perf_counter_ns() - arrival)))
+        records.append((st.finished["cancelled"], 1))
+

@@ -1,0 +1,183 @@
+"""``gpuprobe run [OPTIONS] -- COMMAND [ARGS...]``: run a Python program with gpuprobe switched on inside it.
+
+No code change: ``gpuprobe run`` puts a directory holding a ``sitecustomize`` module first on the
+command's ``PYTHONPATH``, sets the ``GPUPROBE_*`` variables its options name, and *replaces itself*
+with the command (``os.execvpe``), as OpenTelemetry's ``opentelemetry-instrument`` does. The command
+keeps gpuprobe's process id, so its exit status, the signals sent to it (Ctrl-C, ``kill``) and its
+stdout/stderr are its own, unchanged. Inside every Python process it starts, Python imports that
+``sitecustomize`` at start-up, which switches gpuprobe on once the program imports transformers (see
+:mod:`gpuprobe._bootstrap`): every transformers model is instrumented at first use (``generate()`` and
+continuous batching) and ``/metrics`` is served. An existing ``sitecustomize`` still runs after it.
+
+Limits: the command must be a Python program (a script, ``python ...``, a console script such as
+``transformers serve``) run by a Python that can import gpuprobe. ``python -I`` (isolated mode) and
+``python -E`` ignore ``PYTHONPATH``, and ``python -S`` imports no ``sitecustomize``: under those
+nothing is switched on. Python subprocesses of the command inherit the environment and are switched
+on too when they import transformers; two of them serving ``/metrics`` on one port cannot both bind
+it (the second says so on stderr and runs on) — torchrun's workers get one port per local rank.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import config
+from ._bootstrap import LAYERS_ENV
+from .errors import ConfigError
+
+__all__ = ["main", "child_environment", "SITECUSTOMIZE_DIR", "DEFAULT_PORT"]
+
+SITECUSTOMIZE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sitecustomize")
+"""The directory put first on the command's ``PYTHONPATH``."""
+DEFAULT_PORT = 9464
+
+USAGE = """\
+usage: gpuprobe run [OPTIONS] [--] COMMAND [ARGS...]
+
+Run COMMAND (a Python program: `python app.py`, `transformers serve ...`) with gpuprobe switched on
+inside it: every transformers model instrumented at first use, /metrics served for Prometheus. The
+command's exit status, signals and output are its own.
+
+options:
+  --port N             serve /metrics on port N (default: GPUPROBE_PROMETHEUS_PORT, else 9464;
+                       0: a free port)
+  --addr ADDR          address /metrics binds (default: GPUPROBE_PROMETHEUS_ADDR, else 127.0.0.1)
+  --otlp URL           also push OTLP/HTTP metrics to URL (GPUPROBE_OTLP_ENDPOINT)
+  --jsonl PATH         also write every observation to PATH (GPUPROBE_JSONL)
+  --layers N           time decoder layers on one decode step in N (GPUPROBE_RUN_LAYERS)
+  --profile-steps A-B  capture generation steps A to B with torch.profiler (GPUPROBE_PROFILE_STEPS)
+  -h, --help           show this help
+
+Any other GPUPROBE_* variable in the environment applies as usual (docs/quickstart.md)."""
+
+
+def _setting(key: str) -> Callable[[str, str], str]:
+    """Validate a flag's value with the parser of setting ``key``; the error names the flag."""
+    parse = config.SETTINGS[key].parse
+
+    def check(flag: str, raw: str) -> str:
+        return str(parse(flag, raw))
+
+    return check
+
+
+# flag -> (environment variable, validator)
+_FLAGS: dict[str, tuple[str, Callable[[str, str], str]]] = {
+    "--port": (config.SETTINGS["prometheus_port"].env, _setting("prometheus_port")),
+    "--addr": (config.SETTINGS["prometheus_addr"].env, _setting("prometheus_addr")),
+    "--otlp": (config.SETTINGS["otlp_endpoint"].env, _setting("otlp_endpoint")),
+    "--jsonl": (config.SETTINGS["jsonl"].env, _setting("jsonl")),
+    "--layers": (LAYERS_ENV, lambda flag, raw: str(config._int(1)(flag, raw))),
+    "--profile-steps": (config.SETTINGS["profile_steps"].env, _setting("profile_steps")),
+}
+
+
+class UsageError(Exception):
+    """A bad command line; the message names the flag."""
+
+
+def parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Split ``argv`` into the variables the options set and the command.
+
+    Options come first; the command starts at ``--`` or at the first argument that is not an option.
+
+    Raises:
+        UsageError: an unknown option, an option without its value, a bad value, or no command.
+
+    Example:
+        >>> parse(["--port", "9500", "--", "python", "app.py"])
+        ({'GPUPROBE_PROMETHEUS_PORT': '9500'}, ['python', 'app.py'])
+    """
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break
+        flag, eq, value = arg.partition("=")
+        if flag not in _FLAGS:
+            raise UsageError(f"unknown option {flag}; known: {', '.join(_FLAGS)}")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise UsageError(f"{flag} needs a value")
+            value = argv[i + 1]
+            i += 1
+        variable, check = _FLAGS[flag]
+        try:
+            env[variable] = check(flag, value)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        i += 1
+    command = argv[i:]
+    if not command:
+        raise UsageError("no command given: put it after the options, e.g. gpuprobe run -- python app.py")
+    return env, command
+
+
+def child_environment(options: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The command's environment: ``environ``, the options' variables, the sitecustomize directory first
+    on ``PYTHONPATH`` and, unless set, ``/metrics`` on the default port and ``SIGUSR2`` capturing the
+    next steps (a program run for serving takes the signal; a library alone never does).
+
+    Example:
+        >>> env = child_environment({}, {"PATH": "/bin"})
+        >>> env["GPUPROBE_PROMETHEUS_PORT"], env["GPUPROBE_PROFILE_SIGNAL"], env["PYTHONPATH"] == SITECUSTOMIZE_DIR
+        ('9464', 'SIGUSR2', True)
+    """
+    env = dict(os.environ if environ is None else environ)
+    env.update(options)
+    for setting, default in (("prometheus_port", str(DEFAULT_PORT)), ("profile_signal", "SIGUSR2")):
+        variable = config.SETTINGS[setting].env
+        if not env.get(variable, "").strip():
+            env[variable] = default
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITECUSTOMIZE_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([SITECUSTOMIZE_DIR, *paths])
+    return env
+
+
+def _resolve(command: str, env: Mapping[str, str]) -> str | None:
+    if os.sep in command or (os.altsep and os.altsep in command):
+        return command if os.path.exists(command) else None
+    return shutil.which(command, path=env.get("PATH", os.defpath))
+
+
+def main(argv: list[str] | None = None, *, execvpe: Callable[..., Any] = os.execvpe) -> int:
+    """Replace this process with the command, gpuprobe switched on inside it.
+
+    Returns only when the command cannot be started: 2 for a bad command line or setting, 127 for a
+    command not found, 126 for one that cannot be executed.
+
+    Example:
+        >>> main(["--port", "x", "--", "python"])  # doctest: +SKIP
+        2
+    """
+    args = sys.argv[2:] if argv is None else list(argv)
+    if args[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    try:
+        options, command = parse(args)
+        env = child_environment(options)
+        config.load(env)  # a bad GPUPROBE_* variable is named now, not inside the command
+    except (UsageError, ConfigError) as exc:
+        print(f"gpuprobe run: {exc}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    path = _resolve(command[0], env)
+    if path is None:
+        print(f"gpuprobe run: {command[0]}: command not found", file=sys.stderr)
+        return 127
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        execvpe(path, command, env)
+    except OSError as exc:
+        print(f"gpuprobe run: {command[0]}: {exc.strerror or exc}", file=sys.stderr)
+        return 126
+    return 0  # only a stand-in execvpe returns

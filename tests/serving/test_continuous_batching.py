@@ -1,0 +1,350 @@
+"""Continuous batching (``generate_batch``, ``init_continuous_batching``) of a tiny Llama, in process:
+what each request, step and the paged cache record."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+import gpuprobe
+from gpuprobe.integrations import transformers as hf
+from gpuprobe.testing import InMemoryExporter, reset
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+MODEL = "tiny-cb"
+PROMPT_LENGTHS = (5, 9, 12, 20, 7, 3, 15, 11)
+
+
+def _model() -> Any:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=256,
+                                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def model() -> Any:
+    m = hf.instrument(_model(), model_name=MODEL)
+    yield m
+    hf.uninstrument(m)
+
+
+def _prompts(lengths: tuple[int, ...] = PROMPT_LENGTHS) -> list[list[int]]:
+    return [[3 + (i * 7 + j) % 120 for j in range(n)] for i, n in enumerate(lengths)]
+
+
+def _generate(model: Any, prompts: list[list[int]], *, new: int = 8, eos: int = -1, **cache: Any) -> dict[str, Any]:
+    gen = transformers.GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    cfg = transformers.ContinuousBatchingConfig(**{"num_blocks": 64, "page_size": 16, "max_batch_tokens": 64,
+                                                   **cache})
+    return model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cfg)
+
+
+def _points(name: str, **labels: str) -> list[Any]:
+    out = []
+    for data in gpuprobe.collect():
+        if data.spec.name == name:
+            out += [p for p in data.points if all(p.labels.get(k) == v for k, v in labels.items())]
+    return out
+
+
+def _count(name: str, **labels: str) -> int:
+    return sum(p.count for p in _points(name, **labels))
+
+
+def _sum(name: str, **labels: str) -> float:
+    return sum(p.sum if p.count else p.value for p in _points(name, **labels))
+
+
+def _gauge(name: str, **labels: str) -> float:
+    points = _points(name, **labels)
+    assert len(points) == 1, points
+    return points[0].value
+
+
+# -- per request ---------------------------------------------------------------------------------------
+
+def test_each_request_is_counted_once_with_its_tokens(model: Any) -> None:
+    prompts = _prompts()
+    out = _generate(model, prompts)
+    ok = {"gen_ai.request.model": MODEL}
+    assert _count("gen_ai.server.request.duration", **ok) == len(prompts)
+    assert _count("gen_ai.server.time_to_first_token", **ok) == len(prompts)
+    assert _count("gpuprobe.request.queue.duration", model=MODEL) == len(prompts)
+    assert _sum("gen_ai.client.token.usage", **{"gen_ai.token.type": "input"}) == sum(map(len, prompts))
+    assert _sum("gen_ai.client.token.usage", **{"gen_ai.token.type": "output"}) == \
+        sum(len(o.generated_tokens) for o in out.values()) == 8 * len(prompts)
+    assert _sum("gpuprobe.requests.finished", model=MODEL, finish_reason="length") == len(prompts)
+
+
+def test_time_per_output_token_is_one_sample_per_request(model: Any) -> None:
+    """(duration − TTFT) ÷ (output tokens − 1), as the OpenTelemetry GenAI convention defines it."""
+    with InMemoryExporter() as exp:
+        _generate(model, _prompts((6,)), new=9)
+    (duration,) = exp.values("gen_ai.server.request.duration")
+    (ttft,) = exp.values("gen_ai.server.time_to_first_token")
+    (tpot,) = exp.values("gen_ai.server.time_per_output_token")
+    assert tpot == pytest.approx((duration - ttft) / 8, abs=1e-9)
+    assert 0 < ttft < duration
+
+
+def test_a_request_finished_by_its_end_of_sequence_token_says_stop(model: Any) -> None:
+    # Make the first token greedy decoding picks for this prompt the end-of-sequence token.
+    first = _generate(model, _prompts((6,)), new=1)
+    eos = next(iter(first.values())).generated_tokens[0]
+    reset()
+    out = _generate(model, _prompts((6,)), new=8, eos=eos)
+    assert len(next(iter(out.values())).generated_tokens) == 1
+    assert _sum("gpuprobe.requests.finished", finish_reason="stop") == 1
+    assert _count("gen_ai.server.time_per_output_token") == 0  # one token: no time between tokens
+
+
+def test_requests_that_do_not_fit_wait_and_their_queue_time_is_counted(model: Any) -> None:
+    """More requests than one step takes (16 tokens a step, 8 prompts of 10): they wait their turn."""
+    with InMemoryExporter() as exp:
+        _generate(model, _prompts((10,) * 8), max_batch_tokens=16)
+    waiting = exp.values("gpuprobe.requests.waiting", model=MODEL)
+    assert max(waiting) >= 4
+    queue = exp.values("gpuprobe.request.queue.duration", model=MODEL)
+    assert len(queue) == 8 and max(queue) > 0 and sorted(queue)[-1] > sorted(queue)[0]
+    assert _gauge("gpuprobe.requests.waiting", model=MODEL) == 0
+    assert _gauge("gpuprobe.requests.running", model=MODEL) == 0
+
+
+def test_a_cache_too_small_for_every_request_preempts_some(model: Any) -> None:
+    """8 blocks of 16 tokens for 8 requests of 10 + 40 tokens: the scheduler evicts running requests."""
+    with InMemoryExporter() as exp:
+        out = _generate(model, _prompts((10,) * 8), new=40, num_blocks=8, max_batch_tokens=16)
+    assert all(len(o.generated_tokens) == 40 for o in out.values())
+    assert _sum("gpuprobe.requests.preempted", model=MODEL) >= 1
+    assert max(exp.values("gpuprobe.kv_cache.usage", model=MODEL)) > 0.8
+    # A preempted request is still one request, with one queue time and one first token.
+    assert _count("gen_ai.server.request.duration") == _count("gpuprobe.request.queue.duration") == 8
+    assert _count("gen_ai.server.time_to_first_token") == 8
+
+
+def test_a_cancelled_request_ends_with_error_type_cancelled(model: Any) -> None:
+    gen = transformers.GenerationConfig(max_new_tokens=500, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cfg = transformers.ContinuousBatchingConfig(num_blocks=64, page_size=16, max_batch_tokens=64)
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
+    manager.start()
+    try:
+        rid = manager.add_request([5, 6, 7, 8], max_new_tokens=500)
+        deadline = time.monotonic() + 30
+        while _count("gen_ai.server.time_to_first_token") == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        manager.cancel_request(rid)
+        while _sum("gpuprobe.requests.finished", finish_reason="cancelled") == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        manager.stop(block=True, timeout=10)
+    assert _count("gen_ai.server.request.duration", **{"error.type": "cancelled"}) == 1
+    assert _sum("gpuprobe.requests.finished", finish_reason="cancelled") == 1
+    assert _count("gen_ai.server.request.duration") == 1  # no success sample besides it
+    assert _gauge("gpuprobe.requests.running", model=MODEL) == 0
+
+
+def test_requests_of_a_failed_loop_end_with_error_type_failed(model: Any) -> None:
+    out = _generate(model, [[5, 6, 7], [500, 6, 7]])  # a token id past the vocabulary: the forward raises
+    assert all(o.error is not None for o in out.values())
+    assert _count("gen_ai.server.request.duration", **{"error.type": "failed"}) == 2
+    assert _sum("gpuprobe.requests.finished", finish_reason="failed") == 2
+    assert _count("gen_ai.client.token.usage") == 0  # no usage for requests that failed
+
+
+# -- per step ------------------------------------------------------------------------------------------
+
+def test_batch_tokens_split_prompt_tokens_from_generated_ones(model: Any) -> None:
+    prompts = _prompts()
+    _generate(model, prompts)
+    assert _sum("gpuprobe.batch.tokens", model=MODEL, phase="prefill") == sum(map(len, prompts))
+    # Each request's first token comes out of its prefill; the 7 others are decoded one a step.
+    assert _sum("gpuprobe.batch.tokens", model=MODEL, phase="decode") == 7 * len(prompts)
+    steps = _count("gpuprobe.step.duration", model=MODEL, clock="host")
+    assert steps == _count("gpuprobe.batch.requests", model=MODEL) > 0
+    # Every request takes part in at least 8 steps: its prefill (maybe split) and 7 decodes.
+    assert _sum("gpuprobe.batch.requests", model=MODEL) >= 8 * len(prompts)
+
+
+def test_schedule_forward_and_update_add_up_to_the_step(model: Any) -> None:
+    _generate(model, _prompts())
+    step = _sum("gpuprobe.step.duration", model=MODEL, clock="host")
+    parts = {c: _sum("gpuprobe.step.component.duration", model=MODEL, component=c)
+             for c in ("schedule", "forward", "update")}
+    assert all(v > 0 for v in parts.values())
+    assert 0.95 * step <= sum(parts.values()) <= step
+    steps = _count("gpuprobe.step.duration", model=MODEL, clock="host")
+    assert _count("gpuprobe.step.component.duration", component="forward") == steps
+    phases = {p.labels["phase"] for p in _points("gpuprobe.step.duration", model=MODEL)}
+    assert phases <= {"prefill", "decode", "mixed"} and "decode" in phases
+
+
+def test_inter_token_latency_is_one_sample_per_step_that_decodes(model: Any) -> None:
+    _generate(model, _prompts())
+    decoding = _count("gpuprobe.step.duration", model=MODEL, phase="decode") + \
+        _count("gpuprobe.step.duration", model=MODEL, phase="mixed")
+    assert _count("gpuprobe.inter_token.duration", model=MODEL, clock="host") == decoding > 0
+
+
+def test_steps_advance_the_step_clock(model: Any) -> None:
+    from gpuprobe.runtime import runtime
+
+    before = runtime().steps.index
+    _generate(model, _prompts())
+    assert runtime().steps.index - before == _count("gpuprobe.step.duration", model=MODEL, clock="host")
+
+
+# -- the paged cache -----------------------------------------------------------------------------------
+
+def test_kv_cache_usage_is_the_fraction_of_blocks_in_use(model: Any) -> None:
+    with InMemoryExporter() as exp:
+        _generate(model, _prompts(), num_blocks=32)
+    usage = exp.values("gpuprobe.kv_cache.usage", model=MODEL)
+    used = exp.values("gpuprobe.kv_cache.blocks", model=MODEL, state="used")
+    assert all(0 <= u <= 1 for u in usage) and max(usage) > 0
+    assert _gauge("gpuprobe.kv_cache.blocks", model=MODEL, state="total") == 32
+    assert used and all(0 <= b <= 32 for b in used)
+    assert [round(u * 32) for u in usage] == used
+    assert _gauge("gpuprobe.kv_cache.usage", model=MODEL) == 0  # everything freed at the end
+
+
+def test_labels_carry_no_request_id_nor_prompt(model: Any) -> None:
+    out = _generate(model, _prompts())
+    ids = set(out)
+    for data in gpuprobe.collect():
+        for point in data.points:
+            for key, value in point.labels.items():
+                assert "request_id" not in key and "prompt" not in key
+                assert value not in ids and not value.startswith("req_"), (data.spec.name, key, value)
+
+
+# -- switching it on and off ----------------------------------------------------------------------------
+
+_SEAMS = {
+    "manager": ("_create_batch_processor", "_run_generation_loop"),
+    "router": ("deliver", "deliver_batch"),
+    "processor": ("prepare_next_batch", "_generation_step", "update_batch"),
+    "scheduler": ("schedule_batch", "set_request_cancellation"),
+}
+
+
+def _objects(manager: Any) -> dict[str, Any]:
+    bp = manager.batch_processor
+    return {"manager": manager, "router": manager.output_router, "processor": bp, "scheduler": bp.scheduler}
+
+
+def test_uninstrument_gives_every_object_its_own_methods_back() -> None:
+    model = hf.instrument(_model(), model_name=MODEL)
+    gen = transformers.GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cfg = transformers.ContinuousBatchingConfig(num_blocks=16, page_size=16, max_batch_tokens=32)
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
+    manager.warmup()  # creates the batch processor
+    objects = _objects(manager)
+    for kind, names in _SEAMS.items():
+        assert all(n in objects[kind].__dict__ for n in names), kind
+    hf.uninstrument(model)
+    for kind, names in _SEAMS.items():
+        assert not any(n in objects[kind].__dict__ for n in names), kind
+    assert "init_continuous_batching" not in model.__dict__
+
+
+def test_instrument_all_covers_a_model_that_only_ever_batches_continuously() -> None:
+    mixin = transformers.GenerationMixin
+    own = mixin.__dict__.get("init_continuous_batching")
+    hf.instrument_all()
+    try:
+        model = _model()
+        _generate(model, _prompts((4, 6)), new=3)
+        assert hf.is_instrumented(model)
+        assert _count("gen_ai.server.request.duration") == 2
+        assert _count("gpuprobe.batch.tokens", phase="prefill") >= 1
+    finally:
+        hf.uninstrument_all()
+    assert mixin.__dict__.get("init_continuous_batching") is own
+    assert not hf.is_instrumented(model)
+
+
+def test_a_failure_of_gpuprobe_inside_the_loop_is_warned_once_and_generation_goes_on(
+        model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuprobe.integrations import _hf_continuous
+
+    def broken(*args: Any) -> None:
+        raise ZeroDivisionError("a bug in gpuprobe")
+
+    monkeypatch.setattr(_hf_continuous._Loop, "open_step", broken)
+    monkeypatch.setattr(_hf_continuous._Loop, "finish", broken)
+    with pytest.warns(RuntimeWarning, match="continuous-batching telemetry failed: ZeroDivisionError"):
+        out = _generate(model, _prompts())
+    assert [len(o.generated_tokens) for o in out.values()] == [8] * len(PROMPT_LENGTHS)
+    assert all(o.error is None for o in out.values())
+
+
+def test_gpuprobe_disable_records_nothing(model: Any) -> None:
+    gpuprobe.disable()
+    try:
+        out = _generate(model, _prompts((4, 6)), new=3)
+    finally:
+        gpuprobe.enable()
+    assert len(out) == 2
+    assert _count("gen_ai.server.request.duration") == 0 and _count("gpuprobe.step.duration") == 0
+
+
+# -- on a GPU (the simulated CUDA) --------------------------------------------------------------------
+
+def test_on_a_gpu_the_step_is_timed_on_the_processors_compute_stream(sim: Any) -> None:
+    """The forward runs on the batch processor's compute stream; the step's CUDA events go there too.
+    Events on the default stream, busy with other work here, would time that instead."""
+    from transformers.generation.continuous_batching.requests import FutureRequestState, RequestState, RequestStatus
+
+    from gpuprobe.integrations._hf_continuous import ServingState
+    from gpuprobe.runtime import runtime
+
+    compute = torch.cuda.Stream(0)
+    state = RequestState(request_id="r0", initial_tokens=[3, 4, 5], max_new_tokens=100)
+    state._status, state.generated_tokens, state.position_offset = RequestStatus.DECODING, [6], 3
+    batch = [FutureRequestState(state, True, {}, 1)]
+    scheduler = _Obj(active_requests={"r0": state}, waiting_requests={},
+                     schedule_batch=lambda *a: (batch, True, 1, 0), set_request_cancellation=lambda rid: None)
+    pool = _Obj(free_sectors=[1, 2], count_free_blocks=lambda index: 0)
+    cache = _Obj(pool=pool, num_sectors=4, bytes_per_sector=64, num_blocks=4,
+                 cache_allocators={"full": _Obj(index=0, bytes_per_block=64, ledger=None)})
+
+    def prepare() -> bool:
+        scheduler.schedule_batch(64, 0)
+        state.position_offset += 1
+        return True
+
+    processor = _Obj(scheduler=scheduler, cache=cache, model_device=torch.device("cuda", 0),
+                     inputs_and_outputs=_Obj(compute_stream=compute),
+                     prepare_next_batch=prepare, update_batch=lambda: None,
+                     _generation_step=lambda model: sim.launch(3_000_000, "forward", stream=compute))
+    router = _Obj(deliver=lambda o: None, deliver_batch=lambda o: None)
+    manager = _Obj(output_router=router, _create_batch_processor=lambda: processor, _run_generation_loop=lambda: None)
+    rt = runtime()
+    serving = ServingState(rt, MODEL, {"gen_ai.request.model": MODEL})
+    serving.observe(manager)
+    bp = manager._create_batch_processor()
+    sim.launch(50_000_000, "other work")  # on the default stream
+    for _ in range(2):
+        bp.prepare_next_batch()
+        bp._generation_step(None)
+        bp.update_batch()
+    sim.finish()
+    rt.drain()
+    device = _points("gpuprobe.step.duration", model=MODEL, clock="device", phase="decode")
+    assert len(device) == 1 and device[0].count == 2
+    assert device[0].sum == pytest.approx(0.006, rel=0.01)  # two 3 ms forwards, nothing of the other work
+    serving.close()
+    assert processor.prepare_next_batch is prepare  # an instance attribute that was there comes back
+
+
+class _Obj:
+    """Attributes given as keywords (stands in for transformers' continuous-batching objects)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
