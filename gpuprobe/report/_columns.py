@@ -241,6 +241,17 @@ def overlap_length(x: Sequence[tuple[int, int]], y: Sequence[tuple[int, int]]) -
         >>> overlap_length([(0, 10), (20, 30)], [(5, 25)])
         10
     """
+    if len(y) < 8 < len(x):
+        # why: a step's few sync calls against its hundreds of gaps: bisect to each call's gaps
+        # instead of walking them all (0.13 s -> 0.02 s over 400 steps of the synthetic trace)
+        total = 0
+        ends = [b for _, b in x]
+        for c, d in y:
+            i = bisect.bisect_right(ends, c)
+            while i < len(x) and x[i][0] < d:
+                total += max(0, min(d, x[i][1]) - max(c, x[i][0]))
+                i += 1
+        return total
     total = 0
     i = j = 0
     while i < len(x) and j < len(y):

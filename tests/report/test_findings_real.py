@@ -142,3 +142,21 @@ def test_other_category_on_a_real_trace() -> None:
     f = findings("hta_event_sync.json.gz")["other_category"]
     assert f.evidence["share"] == pytest.approx(float(other / sum(Decimal(e["dur"]) for e in gpu)))
     assert "other_category" not in findings("hta_sampled_rank-0.json.gz")
+
+
+def test_operators_around_syncs_with_and_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vectorized search (large traces) finds the same operators as the plain loop."""
+    import sys
+
+    from gpuprobe.report import _diagnosis
+    from gpuprobe.report._scan import TraceScan
+    from gpuprobe.report.loaders import load
+
+    trace = load(KINETO / "hta_cudagraph_nccl_rank0.json.gz")
+    scan = TraceScan()
+    scan.consume(trace.events())
+    assert len(scan.cpu_op_rows) > 10_000 and len(scan.syncs)
+    vectorized = _diagnosis._ops_around(scan.cpu_op_rows, scan.syncs)
+    monkeypatch.setitem(sys.modules, "numpy", None)  # import numpy now raises ImportError
+    plain = _diagnosis._ops_around(scan.cpu_op_rows, scan.syncs)
+    assert sorted(vectorized) == sorted(plain) and len(plain) == 225
