@@ -101,6 +101,7 @@ class Served:
     def __init__(self, args: Sequence[str], cwd: Path, metrics_port: int, env: dict[str, str] | None = None,
                  log: Path | None = None) -> None:
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        self.serve_port: int | None = None  # the served program's own port, where it has one
         self.log = log
         out = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed in stop()
         self._out = out
@@ -181,12 +182,14 @@ def concurrent_chats(port: int, n: int = 6) -> list[tuple[int, int]]:
         return list(pool.map(lambda i: chat(port, i, stream=i % 2 == 0), range(n)))
 
 
-def start_served(tiny_model: Path, log_dir: Path, *serve_args: str) -> tuple[Served, int]:
+def start_served(tiny_model: Path, log_dir: Path, *serve_args: str) -> Served:
     """``gpuprobe run -- transformers serve ./tiny --device cpu ...``, ready for requests."""
     serve_port, metrics_port = free_port(), free_port()
     served = Served(["transformers", "serve", "./tiny", "--device", "cpu", "--host", "127.0.0.1", "--port",
                      str(serve_port), *serve_args], cwd=tiny_model.parent, metrics_port=metrics_port,
                     log=log_dir / "serve.log")
+    served.serve_port = serve_port
+
     def up(url: str) -> bool:
         if served.proc.poll() is not None:
             pytest.fail(f"the server exited ({served.proc.returncode}):\n{served.tail()}")
@@ -198,4 +201,4 @@ def start_served(tiny_model: Path, log_dir: Path, *serve_args: str) -> tuple[Ser
     except BaseException:
         served.stop()
         raise
-    return served, serve_port
+    return served

@@ -24,9 +24,8 @@ REQUESTS = 6
 @pytest.fixture(scope="module")
 def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     # A small paged cache: on a CPU, sizing it from free memory takes most of a minute.
-    server, port = start_served(tiny_model, tmp_path_factory.mktemp("serve-cb"), "--continuous-batching",
+    server = start_served(tiny_model, tmp_path_factory.mktemp("serve-cb"), "--continuous-batching",
                                 "--cb-num-blocks", "64", "--cb-max-batch-tokens", "64")
-    server.port = port  # type: ignore[attr-defined]
     yield server
     server.stop()
 
@@ -34,7 +33,7 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def traffic(served: Served) -> tuple[list[tuple[int, int]], Scrape]:
     """Six concurrent chats (three streaming); the scrape once every one of them is counted."""
-    usages = concurrent_chats(served.port, REQUESTS)  # type: ignore[attr-defined]
+    usages = concurrent_chats(served.serve_port, REQUESTS)
 
     def settled() -> Scrape | None:
         scrape = served.scrape()

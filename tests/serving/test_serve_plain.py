@@ -23,8 +23,7 @@ REQUESTS = 6
 
 @pytest.fixture(scope="module")
 def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    server, port = start_served(tiny_model, tmp_path_factory.mktemp("serve-plain"))
-    server.port = port  # type: ignore[attr-defined]
+    server = start_served(tiny_model, tmp_path_factory.mktemp("serve-plain"))
     yield server
     server.stop()
 
@@ -32,7 +31,7 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def traffic(served: Served) -> tuple[list[tuple[int, int]], Scrape]:
     """Six concurrent chats (three streaming); the scrape once every one of them is counted."""
-    usages = concurrent_chats(served.port, REQUESTS)  # type: ignore[attr-defined]
+    usages = concurrent_chats(served.serve_port, REQUESTS)
 
     def settled() -> Scrape | None:
         scrape = served.scrape()
