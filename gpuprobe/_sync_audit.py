@@ -1,20 +1,27 @@
 """The sync audit: count the operators that force a device→host synchronisation, where they run.
 
-A :class:`torch.utils._python_dispatch.TorchDispatchMode` sees every ATen operator below autograd
-(``.item()`` arrives as ``aten::_local_scalar_dense``, ``x[mask]`` as ``aten::index.Tensor`` with a
-bool index). While one is active — for an audited generation step, or a probe with
-``sync_audit=True`` — each operator pays one membership test in a frozenset of operator overloads;
-the few that can synchronise are then checked (a bool index, a missing ``output_size``, a copy whose
-source is on a device and whose destination is on the host) and counted under the attribution the
-caller set on the mode (``mode.where``: ``(component, processor)``). It works on the CPU too: there
-it counts what *would* synchronise on an accelerator (no copy to the host exists on a CPU, so none
-is counted).
+The operators that can synchronise (``.item()`` arrives as ``aten::_local_scalar_dense``, ``x[mask]``
+as ``aten::index.Tensor`` with a bool index, ...) get a Python kernel at the dispatcher's
+``PreDispatch`` key, registered once (:func:`_build`). That key is off unless a thread includes it,
+and every other operator falls through it in C++: an audit (:class:`SyncAudit`) includes it on its
+thread while entered — for an audited generation step, or a probe with ``sync_audit=True`` — so
+only the few synchronising operators reach Python. Their kernel checks the condition that makes
+them synchronise (a bool index, a missing ``output_size``, a copy whose source is on a device and
+whose destination is on the host), counts the operator under the attribution the caller set on the
+audit (``audit.where``: ``(component, processor)``), and runs it with the key excluded, so what it
+calls inside is not counted again. It works on the CPU too: there it counts what *would*
+synchronise on an accelerator (no copy to the host exists on a CPU, so none is counted).
+
+Why not a ``TorchDispatchMode``: a mode brings every operator of the step into Python, ~9 us each on
+the test CPU (a decode step of the benchmark's 4-layer Llama went from 1.5 to 3.7 ms); the
+PreDispatch key costs ~1 us an operator in C++ and the kernels ~5 us per synchronising operator or
+copy (the same step: 1.9 ms, 2.3 ms with its 21 dtype copies).
 
 The first time a ``(component, processor, op)`` is seen in the process, the Python source line that
 ran it (the nearest frame outside torch, transformers and gpuprobe) is warned about once and kept in
 :class:`SyncSites` (the last 20 are in ``gpuprobe.info()["sync_sites"]``).
 
-torch is imported only when a mode is made; this module imports nothing of gpuprobe but the leaf
+torch is imported only when an audit is made; this module imports nothing of gpuprobe but the leaf
 :mod:`gpuprobe._placement`, so the runtime can hold a :class:`SyncSites`.
 """
 
@@ -29,7 +36,7 @@ from typing import Any
 
 from ._placement import tensor_device
 
-__all__ = ["SYNC_OPS", "SyncSites", "new_mode", "op_name", "source_line", "flush"]
+__all__ = ["SYNC_OPS", "SyncAudit", "SyncSites", "active", "new_audit", "op_name", "source_line", "flush"]
 
 # What is counted: every overload of these ATen operators, under the condition in the comment.
 SYNC_OPS: tuple[tuple[str, str], ...] = (
@@ -56,7 +63,16 @@ Where = tuple[str, "str | None"]  # (component, processor)
 _ops: frozenset[Any] | None = None
 _checks: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], bool]] = {}
 _names: dict[Any, str] = {}
-_mode_cls: Any = None
+_library: Any = None  # the torch.library.Library holding the kernels: they live as long as it does
+_include: Any = None
+_exclude: Any = None
+_pre_dispatch: Any = None
+_is_included: Any = None
+_exclude_keys: Any = None
+_fake_mode: Callable[[], Any] = lambda: None  # the fake-tensor mode in force on this thread, if any
+_hops: dict[str, Any] = {}  # torch's table of higher-order operators, by name
+_hops_seen = 0  # how many of them have a PreDispatch kernel (see _let_hops_through)
+_local = threading.local()  # .audits: the audits entered on this thread, innermost last
 _skip_dirs: tuple[str, ...] = ()
 _transformers_dir: str | None = None
 _build_lock = threading.Lock()
@@ -128,17 +144,24 @@ _NEVER = {("repeat_interleave", "self_int")}
 
 
 def _build() -> None:
-    """The operator set, the checks and the mode class, once torch is there."""
-    global _ops, _mode_cls, _BOOL_TYPES
+    """The operator set, the checks and the kernels, once torch is there."""
+    global _ops, _BOOL_TYPES, _library, _include, _exclude, _pre_dispatch, _is_included, _exclude_keys, _hops
+    global _fake_mode
     with _build_lock:
         if _ops is not None:
             return
         import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch._C import DispatchKey, DispatchKeySet
 
         _BOOL_TYPES = (torch.bool, torch.uint8)
+        include = torch._C._IncludeDispatchKeyGuard
+        exclude = torch._C._ExcludeDispatchKeyGuard
+        key = DispatchKey.PreDispatch
+        keys = DispatchKeySet(key)
         aten = torch.ops.aten
+        library = torch.library.Library("aten", "IMPL")
         ops = set()
+        skip_code = _dynamo_skip_code()
         for name, _ in SYNC_OPS:
             packet = getattr(aten, name, None)
             if packet is None:
@@ -147,77 +170,143 @@ def _build() -> None:
                 if (name, overload) in _NEVER:
                     continue
                 op = getattr(packet, overload)
-                ops.add(op)
                 check = _CHECKS_BY_NAME.get(name)
+                try:
+                    library.impl(op, _kernel(op, check, op._op, exclude, keys), "PreDispatch")
+                except Exception:  # an overload this torch cannot register a kernel for: not counted
+                    continue
+                ops.add(op)
                 if check is not None:
                     _checks[op] = check
-        frozen = frozenset(ops)
-        checks = _checks
-        skip_code = _dynamo_skip_code()
-
-        class SyncAuditMode(TorchDispatchMode):
-            """Counts synchronising operators by ``where`` (see the module docstring); calls every one through."""
-
-            @classmethod
-            def _should_skip_dynamo(cls) -> bool:
-                # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo (a Python wrapper
-                # around every operator) unless this says no; then the handler's code is marked for
-                # Dynamo to skip instead, with everything it calls, at no cost per call (below).
-                return skip_code is None
-
-            # Without this, a higher-order operator run under the mode raises (torch.cond, FlexAttention
-            # in eager): they go through unchanged, and the operators inside them are not seen.
-            supports_higher_order_operators = True
-
-            def __init__(self, sites: SyncSites) -> None:
-                super().__init__()
-                self.where: Where = ("other", None)
-                self.counts: dict[tuple[Where, Any], int] = {}
-                self.sites = sites
-
-            # Why so little: while the mode is on, every ATen operator of the step comes through here
-            # (~350 per decode step of the benchmark's 4-layer Llama). The mode's machinery costs ~9 us an
-            # operator on the test CPU, about what the operator itself costs; this body adds one
-            # frozenset test (~40 ns). Calling func._op skips OpOverload.__call__'s Python frame.
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                if func in frozen:
-                    self.hit(func, args, kwargs)
-                try:
-                    op = func._op
-                except AttributeError:  # a higher-order operator (cond, flex_attention, ...): through, unseen
-                    return func(*args, **kwargs)
-                return op(*args, **kwargs)
-
-            def hit(self, func: Any, args: Any, kwargs: Any) -> None:
-                check = checks.get(func)
-                try:
-                    if check is not None and not check(args, kwargs or {}):
-                        return
-                except Exception:  # an odd call shape: not counted rather than breaking the program
-                    return
-                key = (self.where, func)
-                n = self.counts.get(key)
-                if n is None:
-                    self.counts[key] = 1
-                    try:
-                        self.sites.seen(self.where, op_name(func))
-                    except Exception:  # reporting a site must never break the operator
-                        pass
-                else:
-                    self.counts[key] = n + 1
-
         if skip_code is not None:
-            # Why: torch's _disable_dynamo wrapper costs ~1.7 us an operator (mode overhead per step of the
-            # benchmark's Llama: 3.71 ms wrapped, 3.13 ms marked, thread CPU time on the test CPU); marking
-            # the code object tells Dynamo's frame evaluator to skip the handler and what it calls (the
-            # same as the wrapper's recursive disable), checked in C.
+            # Dynamo's frame evaluator skips the kernels (one code object for all) and what they call,
+            # as torch does for a dispatch mode's handler, checked in C at no cost per call.
             try:
-                skip_code(SyncAuditMode.__torch_dispatch__.__code__)
-            except Exception:  # an API that changed: torch's own wrapper, as for any other mode
-                SyncAuditMode.__torch_dispatch__ = torch._disable_dynamo(  # type: ignore[method-assign]
-                    SyncAuditMode.__dict__["__torch_dispatch__"], recursive=True)
-        _mode_cls = SyncAuditMode
-        _ops = frozen
+                skip_code(_kernel(None, None, None, exclude, keys).__code__)
+            except Exception:  # an API that changed: the kernels run as plain Python
+                pass
+        _library = library
+        _include = include
+        _exclude = exclude
+        _pre_dispatch = key
+        _is_included = torch._C._dispatch_tls_is_dispatch_key_included
+        _exclude_keys = keys
+        fake_key = torch._C._TorchDispatchModeKey.FAKE
+        get_mode = torch._C._get_dispatch_mode
+        _fake_mode = lambda: get_mode(fake_key)  # noqa: E731
+        _hops = getattr(torch._ops, "_higher_order_ops", {})
+        _ops = frozenset(ops)
+
+
+def _kernel(op: Any, check: Any, raw: Any, exclude: Any, keys: Any) -> Callable[..., Any]:
+    """The PreDispatch kernel of ``op``: count it for the thread's audits, then run it, unseen below."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        audits = getattr(_local, "audits", None)
+        if audits:
+            try:
+                counted = check is None or check(args, kwargs)
+            except Exception:  # an odd call shape: not counted rather than breaking the program
+                counted = False
+            # Not under a fake-tensor mode (Dynamo tracing a graph, shape propagation): nothing runs.
+            if counted and _fake_mode() is None:
+                for audit in audits:
+                    audit.hit(op)
+        # From the top again with the key excluded: the operator runs as without the audit, and what
+        # it runs inside (nonzero inside index, copy_ inside _to_copy) is not counted a second time.
+        with exclude(keys):
+            return raw(*args, **kwargs)
+
+    return kernel
+
+
+class SyncAudit:
+    """Counts synchronising operators on this thread by ``where`` (see the module docstring) while entered.
+
+    Entered and exited on one thread, innermost first; audits nest (a probe with ``sync_audit=True``
+    inside an audited step): each counts what runs while it is entered.
+    """
+
+    __slots__ = ("where", "counts", "sites", "_guard")
+
+    def __init__(self, sites: SyncSites) -> None:
+        self.where: Where = ("other", None)
+        self.counts: dict[tuple[Where, Any], int] = {}
+        self.sites = sites
+        self._guard: Any = None
+
+    def __enter__(self) -> SyncAudit:
+        audits = getattr(_local, "audits", None)
+        if audits is None:
+            audits = _local.audits = []
+        if not audits and _is_included(_pre_dispatch):
+            raise RuntimeError("pre-dispatch tracing (torch.export) is underway on this thread")
+        if len(_hops) != _hops_seen:
+            _let_hops_through()
+        guard = _include(_pre_dispatch)
+        guard.__enter__()
+        self._guard = guard
+        audits.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        audits = _local.audits
+        if audits and audits[-1] is self:
+            audits.pop()
+        elif self in audits:
+            audits.remove(self)
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.__exit__(None, None, None)
+
+    def hit(self, func: Any) -> None:
+        key = (self.where, func)
+        n = self.counts.get(key)
+        if n is None:
+            self.counts[key] = 1
+            try:
+                self.sites.seen(self.where, op_name(func))
+            except Exception:  # reporting a site must never break the operator
+                pass
+        else:
+            self.counts[key] = n + 1
+
+
+def _let_hops_through() -> None:
+    """Give each higher-order operator (cond, flex_attention, ...) a PreDispatch kernel that passes it on.
+
+    An ATen operator passes through PreDispatch in C++ (the key's fallback redispatches to the next
+    one), but a higher-order operator dispatches in Python and raises at a key it has no kernel for.
+    The kernel added does what the fallback does: the operator again, PreDispatch excluded. Only
+    operators without one get it, and torch.export's pre-dispatch tracing is untouched: its modes are
+    served before the kernel is looked up.
+    """
+    global _hops_seen
+    with _build_lock:
+        for hop in list(_hops.values()):
+            try:
+                if _pre_dispatch in hop.py_kernels:
+                    continue
+                hop.py_impl(_pre_dispatch)(_hop_kernel(hop))
+            except Exception:  # an operator of another shape: left as torch made it
+                continue
+        _hops_seen = len(_hops)
+
+
+def _hop_kernel(hop: Any) -> Callable[..., Any]:
+    exclude, keys = _exclude, _exclude_keys
+
+    def passed_on(*args: Any, **kwargs: Any) -> Any:
+        with exclude(keys):
+            return hop(*args, **kwargs)
+
+    return passed_on
+
+
+def active() -> SyncAudit | None:
+    """The innermost audit entered on this thread, or None."""
+    audits = getattr(_local, "audits", None)
+    return audits[-1] if audits else None
 
 
 def _dynamo_skip_code() -> Callable[[Any], None] | None:
@@ -239,28 +328,28 @@ def _library_dirs() -> tuple[tuple[str, ...], str | None]:
     global _skip_dirs, _transformers_dir
     if _transformers_dir is None or not _skip_dirs:
         dirs = [os.path.dirname(os.path.abspath(__file__))]
-        torch = sys.modules.get("torch")
-        if torch is not None and getattr(torch, "__file__", None):
-            dirs.append(os.path.dirname(os.path.abspath(torch.__file__)))
+        torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+        if torch_file:
+            dirs.append(os.path.dirname(os.path.abspath(torch_file)))
         _skip_dirs = tuple(d + os.sep for d in dirs)
-        tr = sys.modules.get("transformers")
-        if tr is not None and getattr(tr, "__file__", None):
-            _transformers_dir = os.path.dirname(os.path.abspath(tr.__file__)) + os.sep
+        tr_file = getattr(sys.modules.get("transformers"), "__file__", None)
+        if tr_file:
+            _transformers_dir = os.path.dirname(os.path.abspath(tr_file)) + os.sep
     return _skip_dirs, _transformers_dir
 
 
-def new_mode(sites: SyncSites) -> Any:
-    """A fresh dispatch mode counting into its ``counts`` under ``where`` (not entered yet)."""
-    if _mode_cls is None:
+def new_audit(sites: SyncSites) -> SyncAudit:
+    """A fresh audit counting into its ``counts`` under ``where`` (not entered yet)."""
+    if _ops is None:
         _build()
-    return _mode_cls(sites)
+    return SyncAudit(sites)
 
 
 def source_line() -> tuple[str, str | None]:
     """``file:line`` of the nearest frame outside torch, transformers and gpuprobe ("?" if none), and
     ``file:line`` of the innermost transformers frame passed on the way there (None if none)."""
     skip, tr = _library_dirs()
-    frame = sys._getframe(1)
+    frame: Any = sys._getframe(1)
     via = None
     while frame is not None:
         filename = frame.f_code.co_filename
@@ -288,7 +377,7 @@ class SyncSites:
         self._lock = threading.Lock()
 
     def seen(self, where: Where, op: str) -> None:
-        """Called from inside the mode the first time a step sees ``(where, op)``; new ones are reported."""
+        """Called from inside an audit the first time a step sees ``(where, op)``; new ones are reported."""
         key = (where[0], where[1], op)
         if key in self._seen or len(self._seen) >= self._limit:
             return
@@ -322,17 +411,17 @@ class SyncSites:
         self._lock = threading.Lock()
 
 
-def flush(mode: Any, child_for: Callable[[Where, str], Any], records: Any) -> None:
-    """Append ``(series.apply, count)`` for each ``(where, op)`` the mode counted; empty its counts.
+def flush(audit: Any, child_for: Callable[[Where, str], Any], records: Any) -> None:
+    """Append ``(series.apply, count)`` for each ``(where, op)`` the audit counted; empty its counts.
 
     Args:
-        mode: a mode made by :func:`new_mode`, already exited.
+        mode: an audit made by :func:`new_audit`, already exited.
         child_for: ``(where, op name) -> series.apply`` (prepared and cached by the caller).
         records: the thread's record deque.
     """
-    counts = mode.counts
+    counts = audit.counts
     if not counts:
         return
     for (where, func), n in counts.items():
         records.append((child_for(where, op_name(func)), n))
-    mode.counts = {}
+    audit.counts = {}

@@ -1,4 +1,4 @@
-"""The sync audit's dispatch mode, operator by operator; the setting; probe(sync_audit=True)."""
+"""The sync audit's kernels, operator by operator; the setting; probe(sync_audit=True)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,19 @@ torch = pytest.importorskip("torch")
 
 import gpuprobe  # noqa: E402
 from gpuprobe import ConfigError, config, probe  # noqa: E402
-from gpuprobe._sync_audit import SyncSites, new_mode  # noqa: E402
+from gpuprobe._sync_audit import SyncSites, active, new_audit  # noqa: E402
 from gpuprobe.runtime import runtime  # noqa: E402
 
 SYNCS = "gpuprobe.step.syncs"
 
 
 def audit(fn: Callable[[], Any]) -> dict[str, int]:
-    """Run ``fn`` under a fresh mode; the counted operators by name."""
-    mode = new_mode(SyncSites(lambda key, message: None))
-    with mode:
+    """Run ``fn`` under a fresh audit; the counted operators by name."""
+    audit = new_audit(SyncSites(lambda key, message: None))
+    with audit:
         fn()
     out: dict[str, int] = {}
-    for (where, func), n in mode.counts.items():
+    for (where, func), n in audit.counts.items():
         assert where == ("other", None)
         name = str(func._schema.name)
         out[name] = out.get(name, 0) + n
@@ -127,7 +127,7 @@ def test_copies_from_a_simulated_device_to_the_host_count(simcuda) -> None:  # t
     assert audit(lambda: on_device.to(torch.float64)) == {}
 
 
-def test_compiled_code_runs_and_is_counted_under_the_mode() -> None:
+def test_compiled_code_runs_and_is_counted_under_the_audit() -> None:
     @torch.compile(backend="eager")
     def compiled_before(x: Any) -> Any:
         return x.sin() + x.sum().item()
@@ -139,29 +139,106 @@ def test_compiled_code_runs_and_is_counted_under_the_mode() -> None:
     expected = X.sin() + X.sum().item()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert torch.equal(compiled_before(X), expected)  # compiled outside any mode
+        assert torch.equal(compiled_before(X), expected)  # compiled outside any audit
         results: list[Any] = []
         counts = audit(lambda: results.extend([compiled_before(X), compiled_inside(X)]))
     assert torch.equal(results[0], expected) and torch.equal(results[1], X.cos() * 2)
     assert counts == {"aten::_local_scalar_dense": 1}  # the graph break's .item() runs eagerly
 
 
-def test_a_higher_order_operator_runs_through_the_mode() -> None:
+def test_a_higher_order_operator_runs_through_the_audit() -> None:
     out: list[Any] = []
     counts = audit(lambda: out.append(torch.cond(X.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (X,))))
     assert torch.equal(out[0], X.sin())
     assert counts == {}  # what runs inside the operator is not seen
 
 
-def test_the_mode_counts_under_the_attribution_set_on_it() -> None:
-    mode = new_mode(SyncSites(lambda key, message: None))
-    with mode:
+def test_a_higher_order_operator_created_after_the_first_audit_runs_through_it() -> None:
+    from torch._ops import HigherOrderOperator
+
+    class Twice(HigherOrderOperator):
+        def __init__(self) -> None:
+            super().__init__("gpuprobe_test_twice")
+
+        def __call__(self, x: Any) -> Any:
+            return super().__call__(x)
+
+    audit(lambda: None)  # the kernels exist before the operator does
+    twice = Twice()
+    twice.py_impl(torch._C.DispatchKey.CompositeExplicitAutograd)(lambda x: x * 2)
+    twice.py_impl(torch._C.DispatchKey.Autograd)(lambda x: x * 2)
+    assert torch.equal(twice(X), X * 2)  # outside an audit, as torch made it
+    out: list[Any] = []
+    assert audit(lambda: out.append(twice(X))) == {}
+    assert torch.equal(out[0], X * 2)
+
+
+def test_audits_nest_and_each_counts_what_runs_while_it_is_entered() -> None:
+    sites = SyncSites(lambda key, message: None)
+    outer, inner = new_audit(sites), new_audit(sites)
+    with outer:
+        X.nonzero()
+        with inner:
+            X.sum().item()
+        X[MASK]
+
+    def names(a: Any) -> dict[str, int]:
+        return {str(func._schema.name): n for (_, func), n in a.counts.items()}
+
+    assert names(outer) == {"aten::nonzero": 1, "aten::_local_scalar_dense": 1, "aten::index": 1}
+    assert names(inner) == {"aten::_local_scalar_dense": 1}
+    assert active() is None
+
+
+def test_an_audit_counts_only_its_own_thread() -> None:
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    seen_there: list[bool] = []
+
+    def elsewhere() -> None:
+        started.set()
+        release.wait(5)
+        seen_there.append(bool(torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PreDispatch)))
+        for _ in range(5):
+            X.nonzero()
+
+    t = threading.Thread(target=elsewhere)
+    t.start()
+    started.wait(5)
+
+    def here() -> None:
+        release.set()
+        t.join(5)
         X.sum().item()
-        mode.where = ("logits_processor", "Mine")
+
+    assert audit(here) == {"aten::_local_scalar_dense": 1}
+    assert seen_there == [False]
+
+
+def test_what_runs_on_fake_tensors_is_not_counted() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def traced() -> None:
+        with FakeTensorMode():
+            fake = torch.empty(6)
+            fake.to("cpu", copy=True)
+            with pytest.raises(Exception):  # data-dependent: a fake tensor cannot say how many
+                fake.nonzero()
+        X.nonzero()
+
+    assert audit(traced) == {"aten::nonzero": 1}
+
+
+def test_the_audit_counts_under_the_attribution_set_on_it() -> None:
+    audit = new_audit(SyncSites(lambda key, message: None))
+    with audit:
+        X.sum().item()
+        audit.where = ("logits_processor", "Mine")
         X.sum().item()
         X.nonzero()
-        mode.where = ("other", None)
-    got = {(where, str(func._schema.name)): n for (where, func), n in mode.counts.items()}
+        audit.where = ("other", None)
+    got = {(where, str(func._schema.name)): n for (where, func), n in audit.counts.items()}
     assert got == {(("other", None), "aten::_local_scalar_dense"): 1,
                    (("logits_processor", "Mine"), "aten::_local_scalar_dense"): 1,
                    (("logits_processor", "Mine"), "aten::nonzero"): 1}
@@ -170,10 +247,9 @@ def test_the_mode_counts_under_the_attribution_set_on_it() -> None:
 def test_a_new_site_is_reported_once_with_its_source_line() -> None:
     reported: list[tuple[str, str]] = []
     sites = SyncSites(lambda key, message: reported.append((key, message)))
-    line = inspect.currentframe().f_lineno + 4  # type: ignore[union-attr]
+    line = inspect.currentframe().f_lineno + 3  # type: ignore[union-attr]
     for _ in range(3):
-        mode = new_mode(sites)
-        with mode:
+        with new_audit(sites):
             X.sum().item()
     assert len(reported) == 1
     assert f"{__file__}:{line}" in reported[0][1] and "aten::_local_scalar_dense" in reported[0][1]
@@ -252,33 +328,34 @@ def test_a_probed_function_counts_its_syncs_under_its_name() -> None:
                              ("probe", "decode", "aten::nonzero"): 2}
 
 
-def test_a_probed_block_counts_its_syncs_and_leaves_no_mode_behind() -> None:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
+def audit_key_on() -> bool:
+    """Whether the dispatcher's PreDispatch key (where the audit's kernels live) is on for this thread."""
+    return bool(torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PreDispatch))
 
+
+def test_a_probed_block_counts_its_syncs_and_leaves_no_audit_behind() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(KeyError):
             with probe("block", sync_audit=True):
                 X[MASK]
                 raise KeyError("boom")
-    assert _get_current_dispatch_mode() is None
+    assert not audit_key_on() and active() is None
     assert sync_counts() == {("probe", "block", "aten::index"): 1}
 
 
-def test_a_probe_without_sync_audit_enters_no_mode() -> None:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
+def test_a_probe_without_sync_audit_enters_no_audit() -> None:
     seen = []
 
     @probe("plain")
     def plain() -> None:
-        seen.append(_get_current_dispatch_mode())
+        seen.append(audit_key_on())
         X.sum().item()
 
     plain()
     with probe("plain block"):
-        seen.append(_get_current_dispatch_mode())
-    assert seen == [None, None]
+        seen.append(audit_key_on())
+    assert seen == [False, False]
     assert sync_counts() == {}
 
 

@@ -88,7 +88,7 @@ def _start_http_server(port: int, addr: str, registry: Any, rt: Runtime) -> tupl
     family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     server_class = type("_Server", (_ThreadingServer,), {"address_family": family})
     app = _on_demand.wrap_wsgi(make_wsgi_app(registry), rt, addr)
-    httpd = make_server(sockaddr[0], port, app, server_class, handler_class=_QuietHandler)
+    httpd: Any = make_server(str(sockaddr[0]), port, app, server_class, handler_class=_QuietHandler)
     thread = threading.Thread(target=httpd.serve_forever, name="gpuprobe-metrics", daemon=True)
     thread.start()
     return httpd, thread

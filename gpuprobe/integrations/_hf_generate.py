@@ -42,7 +42,7 @@ is taken (see ``docs/gpu.md``).
 
 A step that a profile window records, or that the sync audit counts, is *marked* (``ctx.marks``, see
 :mod:`._hf_marks`): its components become ranges in the window's trace and/or set the attribution of
-the audit's dispatch mode. Decided once when the step opens; on other steps each component call tests
+the sync audit. Decided once when the step opens; on other steps each component call tests
 ``ctx.marks is None`` and nothing else.
 """
 
@@ -471,7 +471,7 @@ class ModelState:
                 self.acquire_layers()
                 ctx.layers_on = True
         # Decided once per step: most steps are neither traced nor audited, and their components then
-        # test one attribute (ctx.marks is None). The audit's dispatch mode stays out of compiled
+        # test one attribute (ctx.marks is None). The audit stays out of compiled
         # forwards (Dynamo) and of CUDA graph captures.
         every = ctx.audit
         audited = (every != 0 and index % every == 0 and not ctx.compiled and not rt.capture.underway
@@ -648,7 +648,7 @@ class ModelState:
             else:  # a failed step leaves no sample, only its ranges to close
                 ctx.step_open = False
                 marks = ctx.marks
-                if marks is not None:  # its ranges and audit mode too (the syncs it ran are counted)
+                if marks is not None:  # its ranges and audit too (the syncs it ran are counted)
                     ctx.marks = None
                     self.marker.close(marks, ctx.records)
                 if ctx.dev_tok is not None and ctx.clock is not None:

@@ -9,8 +9,8 @@ None``) per component call. A step is *marked* when, at its start,
   and syncs to it. Range names: ``forward``, the logits processor's class name (the ``processor``
   label and NVTX message), ``stopping_criteria/<criterion class>``, ``streamer``;
 - and/or it is audited (``sync_audit=N``: step indexes divisible by N, not while Dynamo compiles the
-  forward nor while a CUDA graph capture is underway): a :mod:`gpuprobe._sync_audit` dispatch mode is
-  active from the step's start to its end, and each component sets the mode's attribution
+  forward nor while a CUDA graph capture is underway): a :mod:`gpuprobe._sync_audit` audit is
+  entered from the step's start to its end, and each component sets the audit's attribution
   (``component``, ``processor``) while it runs; everything else in the step counts as ``other``.
 
 Nothing here runs on an unmarked step.
@@ -55,20 +55,20 @@ def _end_range(handle: Any) -> None:
 class StepMarks:
     """What one marked step does: ranges (when traced) and the audit's attribution (when audited)."""
 
-    __slots__ = ("ranges", "mode", "fwd")
+    __slots__ = ("ranges", "audit", "fwd")
 
-    def __init__(self, ranges: bool, mode: Any) -> None:
+    def __init__(self, ranges: bool, audit: Any) -> None:
         self.ranges = ranges
-        self.mode = mode  # the entered sync-audit mode, or None
+        self.audit = audit  # the entered sync audit, or None
         self.fwd: Any = None  # the forward's mark while it runs (it spans two seams)
 
     def begin(self, where: _sync_audit.Where, name: str) -> tuple[Any, Any]:
         """Enter the component ``where`` (range ``name``); pass the result to :meth:`end`."""
-        mode = self.mode
+        audit = self.audit
         prev = None
-        if mode is not None:
-            prev = mode.where
-            mode.where = where
+        if audit is not None:
+            prev = audit.where
+            audit.where = where
         return prev, (_enter(name, None) if self.ranges else None)
 
     def end(self, mark: tuple[Any, Any]) -> None:
@@ -76,7 +76,7 @@ class StepMarks:
         if handle is not None:
             _end_range(handle)
         if prev is not None:
-            self.mode.where = prev
+            self.audit.where = prev
 
     def begin_forward(self) -> None:
         if self.fwd is None:
@@ -135,27 +135,27 @@ class StepMarker:
             except Exception as exc:
                 self.rt.warn_once("ranges", f"gpuprobe: component ranges are not available: {exc!r}")
                 traced = False
-        mode = None
+        audit = None
         if audited:
             try:
-                mode = _sync_audit.new_mode(self.rt.sync_sites)
-                mode.__enter__()
+                audit = _sync_audit.new_audit(self.rt.sync_sites)
+                audit.__enter__()
             except Exception as exc:
                 self.rt.warn_once("sync_audit", f"gpuprobe: the sync audit could not start: {exc!r}")
-                mode = None
-        if not traced and mode is None:
+                audit = None
+        if not traced and audit is None:
             return None
-        return StepMarks(traced, mode)
+        return StepMarks(traced, audit)
 
     def close(self, marks: StepMarks, records: Any) -> None:
-        """End what the step left open (its forward, after a failure), leave the mode, record its counts."""
+        """End what the step left open (its forward, after a failure), leave the audit, record its counts."""
         marks.end_forward()
-        mode = marks.mode
-        if mode is not None:
-            marks.mode = None
-            mode.__exit__(None, None, None)
+        audit = marks.audit
+        if audit is not None:
+            marks.audit = None
+            audit.__exit__(None, None, None)
             records.append((self._audited, 1))
-            _sync_audit.flush(mode, self._sync_child, records)
+            _sync_audit.flush(audit, self._sync_child, records)
 
     def _sync_child(self, where: _sync_audit.Where, op: str) -> Any:
         key = (where, op)

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from _hfkit import prompt, torch, transformers
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import gpuprobe
 from gpuprobe.integrations import _hf_generate
@@ -24,19 +23,23 @@ NONZERO = "aten::nonzero"
 class TwoItemsOneNonzero:
     """A user logits processor that reads two scalars and runs one nonzero per call: 3 syncs a step.
 
-    It also notes, per call, whether a dispatch mode is active (an audited step) — an oracle
-    independent of gpuprobe's counts.
+    It also notes, per call, whether the dispatcher's PreDispatch key is on for the thread (an audited
+    step: the audit's kernels live there) — read from torch, independent of gpuprobe's counts.
     """
 
     def __init__(self) -> None:
         self.audited: list[bool] = []
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
-        self.audited.append(_get_current_dispatch_mode() is not None)
+        self.audited.append(audit_key_on())
         scores[0, 0].item()
         scores[0, 1].item()
         (scores > 1e9).nonzero()
         return scores
+
+
+def audit_key_on() -> bool:
+    return bool(torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PreDispatch))
 
 
 ITEM_LINE = inspect.getsourcelines(TwoItemsOneNonzero.__call__)[1] + 2  # the first .item()
@@ -80,7 +83,7 @@ def test_n_2_audits_every_second_step_across_calls(make_model, scrape):
     assert s.value(SYNCS, processor="TwoItemsOneNonzero", op=NONZERO) == audited
 
 
-def test_n_0_counts_nothing_and_enters_no_dispatch_mode(make_model, scrape):
+def test_n_0_counts_nothing_and_enters_no_audit(make_model, scrape):
     model = instrument(make_model("llama"), model_name="tiny")
     proc = TwoItemsOneNonzero()
     generate(model, proc, tokens=6)
@@ -88,13 +91,13 @@ def test_n_0_counts_nothing_and_enters_no_dispatch_mode(make_model, scrape):
     assert scrape().find(SYNCS) == []
 
 
-def test_the_step_after_an_audited_step_runs_without_the_mode(make_model):
+def test_the_step_after_an_audited_step_runs_without_the_audit(make_model):
     gpuprobe.configure(sync_audit=3)
     model = instrument(make_model("llama"), model_name="tiny")
     proc = TwoItemsOneNonzero()
     generate(model, proc, tokens=7)
     assert proc.audited == [True, False, False, True, False, False, True]
-    assert _get_current_dispatch_mode() is None
+    assert not audit_key_on()
 
 
 def test_syncs_are_attributed_to_forward_stopping_criteria_and_streamer(make_model, scrape):
@@ -179,7 +182,7 @@ def test_no_audit_of_a_call_whose_forward_transformers_compiles(make_model, monk
     assert proc.audited == [False] * 3
 
 
-def test_a_failing_audited_step_leaves_no_mode_and_keeps_its_counts(make_model, scrape):
+def test_a_failing_audited_step_leaves_no_audit_and_keeps_its_counts(make_model, scrape):
     gpuprobe.configure(sync_audit=1)
     model = instrument(make_model("llama"), model_name="tiny")
 
@@ -192,7 +195,7 @@ def test_a_failing_audited_step_leaves_no_mode_and_keeps_its_counts(make_model, 
 
     with pytest.raises(RuntimeError, match="boom"):
         generate(model, FailsAtStep2(), tokens=6)
-    assert _get_current_dispatch_mode() is None
+    assert not audit_key_on()
     assert scrape().value(SYNCS, processor="FailsAtStep2", op=NONZERO) == 3
     proc = TwoItemsOneNonzero()
     gpuprobe.configure(sync_audit=0)
