@@ -99,8 +99,10 @@ class TraceInfo:
         correlation_by_process: Whether correlation ids are unique per process only (nsys), so
             the join of a launch and its GPU work also matches the process.
         notes: Remarks of the loader worth showing (unclosed ranges, ...).
-        rank: The process's rank in a distributed run (kineto's ``distributedInfo.rank``), if known.
+        rank: The process's rank in a distributed run, if known: kineto's ``distributedInfo.rank``,
+            or the ``RANK`` variable of the environment nsys recorded.
         world_size: The number of ranks of that run, if known.
+        rank_source: Where ``rank`` came from (``"distributedInfo.rank"``, ``"RANK"``), or None.
 
     Example:
         >>> TraceInfo("nsys").correlation_by_process
@@ -116,6 +118,7 @@ class TraceInfo:
         self.notes: list[str] = []
         self.rank: int | None = None
         self.world_size: int | None = None
+        self.rank_source: str | None = None
 
 
 class FloatText(str):

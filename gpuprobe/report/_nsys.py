@@ -10,6 +10,7 @@ packing (pid in bits 24-47, tid in bits 0-23); runtime API names carry a version
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable, Iterator
 
@@ -237,3 +238,32 @@ def _read_target_info(con: sqlite3.Connection, tables: set[str], info: TraceInfo
             info.devices = [r[0] for r in con.execute(f"SELECT name FROM {table}") if isinstance(r[0], str)]
             if info.devices:
                 break
+    if "TARGET_INFO_SYSTEM_ENV" in tables and {"name", "value"} <= _columns(con, "TARGET_INFO_SYSTEM_ENV"):
+        _read_rank(con, info)
+
+
+# A variable in the environment text nsys records (one property holding every `NAME=value`, separated
+# by line breaks, NULs or semicolons depending on the version), or a property of its own.
+_ENV_VARIABLE = r"(?:^|[\s;\x00]){name}=(\d+)(?=$|[\s;\x00])"
+
+
+def _read_rank(con: sqlite3.Connection, info: TraceInfo) -> None:
+    """``RANK`` and ``WORLD_SIZE`` from the environment nsys recorded (only those two are read)."""
+    found: dict[str, int] = {}
+    for name, value in con.execute("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV"):
+        if not isinstance(value, str):
+            continue
+        for var in ("RANK", "WORLD_SIZE"):
+            if var in found:
+                continue
+            if name == var and value.strip().isdigit():
+                found[var] = int(value.strip())
+            elif var + "=" in value:
+                m = re.search(_ENV_VARIABLE.format(name=var), value)
+                if m:
+                    found[var] = int(m.group(1))
+    if "RANK" in found:
+        info.rank = found["RANK"]
+        info.rank_source = "RANK"
+    if "WORLD_SIZE" in found:
+        info.world_size = found["WORLD_SIZE"]

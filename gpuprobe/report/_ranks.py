@@ -74,10 +74,11 @@ T = TypeVar("T")
 class RankResult:
     """What one worker returns: the rank's report, and the start of each of its collectives."""
 
-    rank: int  # from distributedInfo.rank; -1 until the file order gives one
+    rank: int  # from the trace (see rank_source); -1 until the file order gives one
     path: str
     report: Report
     collectives: dict[str, list[int]]
+    rank_source: str | None = None  # "distributedInfo.rank" (kineto), "RANK" (nsys's environment), None
 
 
 def rank_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -119,7 +120,11 @@ def _work(path: str, options: Options, engine: str, longest: int) -> RankResult:
 
     comm = {i for i, n in enumerate(gpu_names) if categorize_kernel(n) == "communication"}
     rank = trace.info.rank if trace.info.rank is not None else -1
-    return RankResult(rank=rank, path=trace.path, report=report, collectives=collective_starts(scan, gpu_names, comm))
+    return RankResult(rank=rank, path=trace.path, report=report, collectives=collective_starts(scan, gpu_names, comm),
+                      rank_source=trace.info.rank_source)
+
+
+_RANK_SOURCES = {"distributedInfo.rank": "distributedInfo.rank", "RANK": "RANK in the environment nsys recorded"}
 
 
 def analyze_ranks(
@@ -159,7 +164,8 @@ def analyze_ranks(
     limits = parse_thresholds(thresholds if not isinstance(thresholds, str) else [thresholds])
     options = Options(top=_ALL, step_pattern=step_pattern, small_ns=int(round(small_us * 1000)), thresholds=limits)
     results = _run_all([str(f) for f in files], options, engine, jobs or os.cpu_count() or 1, progress, top)
-    source = "distributedInfo.rank"
+    sources = sorted({r.rank_source for r in results if r.rank_source is not None})
+    source = " and ".join(_RANK_SOURCES.get(s, s) for s in sources)
     ranks = [r.rank for r in results]
     if any(r < 0 for r in ranks) or len(set(ranks)) != len(ranks):
         if all(r >= 0 for r in ranks):

@@ -125,6 +125,8 @@ class Trace:
         if isinstance(dist, dict):
             info.rank = number_to_int(dist.get("rank"))
             info.world_size = number_to_int(dist.get("world_size"))
+            if info.rank is not None:
+                info.rank_source = "distributedInfo.rank"
         devices = meta.get("deviceProperties")
         if isinstance(devices, list):
             info.devices = [str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name")]

@@ -506,8 +506,8 @@ class SkewRow:
 
 @dataclasses.dataclass
 class RanksSection:
-    """Several ranks of one run; ``source`` says where the ranks come from (``distributedInfo.rank``
-    or ``file order``)."""
+    """Several ranks of one run; ``source`` says where the ranks come from (``distributedInfo.rank``,
+    ``RANK in the environment nsys recorded``, or ``file order``)."""
 
     source: str
     count: int

@@ -185,3 +185,31 @@ def test_a_single_trace_has_its_communication_section() -> None:
     assert (comm.communication_ns, comm.overlap_ns, comm.exposed_ns) == (
         exp["communication_ns"], exp["overlap_ns"], exp["exposed_communication_ns"],
     )
+
+
+def test_nsys_ranks_come_from_the_recorded_environment(tmp_path: Path, make_nsys: Any) -> None:
+    """nsys exports keep the environment in TARGET_INFO_SYSTEM_ENV (official schema: globalVid,
+    devStateName, name, nameEnum, value): as one property holding every NAME=value, or a property
+    per variable. Files named in the opposite order of their ranks; LOCAL_RANK must not be taken."""
+    base = (Path(__file__).resolve().parents[1] / "data" / "nsys_min.sql").read_text()
+    table = ("CREATE TABLE TARGET_INFO_SYSTEM_ENV (globalVid INTEGER, devStateName TEXT NOT NULL, "
+             "name TEXT NOT NULL, nameEnum INTEGER NOT NULL, value TEXT NOT NULL);\n")
+    blob = "INSERT INTO TARGET_INFO_SYSTEM_ENV VALUES (0, 'SystemProperties', 'DeviceEnvironment', 1, '{}');\n"
+    row = "INSERT INTO TARGET_INFO_SYSTEM_ENV VALUES (0, 'SystemProperties', '{}', 2, '{}');\n"
+    d = tmp_path / "run"
+    d.mkdir()
+    make_nsys(d / "a.sqlite", base + table + blob.format("HOME=/root\nLOCAL_RANK=0\nRANK=2\nWORLD_SIZE=3\n"))
+    make_nsys(d / "b.sqlite", base + table + row.format("LOCAL_RANK", "7") + row.format("RANK", "1"))
+    nul_separated = ("INSERT INTO TARGET_INFO_SYSTEM_ENV VALUES (0, 'SystemProperties', 'DeviceEnvironment', 1, "
+                     "'LOCAL_RANK=1' || char(0) || 'RANK=0' || char(0) || 'PATH=/bin');\n")
+    make_nsys(d / "c.sqlite", base + table + nul_separated)
+    merged, results = analyze_ranks([d], jobs=1)
+    assert [(r.rank, Path(r.path).name) for r in results] == [(0, "c.sqlite"), (1, "b.sqlite"), (2, "a.sqlite")]
+    assert merged.ranks.source == "RANK in the environment nsys recorded"
+    # Without the variable: the file order, said so.
+    e = tmp_path / "plain"
+    e.mkdir()
+    make_nsys(e / "x.sqlite", base + table + blob.format("LOCAL_RANK=3"))
+    make_nsys(e / "y.sqlite", base)
+    merged, results = analyze_ranks([e], jobs=1)
+    assert merged.ranks.source == "file order" and [Path(r.path).name for r in results] == ["x.sqlite", "y.sqlite"]
