@@ -552,10 +552,12 @@ class ModelState:
         util = ctx.util
         if tok is not None:
             # A decode step's device span is also the device inter-token latency of the token it selected.
+            target: Any
             if not decode:
                 target = self.step_dev[0]
             else:
                 target = _DecodeSpan(self.step_dev[1], self.itl_dev) if ctx.deferred else self.decode_span
+            rec: Any
             if util is None:
                 rec = (self.rt.pending.apply, (target, ctx.clock.stop(tok)))
             else:  # the device step time, then MBU/MFU from it, once the events are read

@@ -391,10 +391,11 @@ def _ops_around(cpu: Any, syncs: Any) -> list[tuple[int, int, int, int]]:
     hundred syncs; one bisect per operator here saves sorting them all.
     """
     starts: dict[int, list[int]] = {}
-    for t, at in zip(syncs.thread_id, syncs.start):
-        starts.setdefault(t, []).append(at)
+    for t, when in zip(syncs.thread_id, syncs.start):
+        starts.setdefault(t, []).append(when)
     for v in starts.values():
         v.sort()
+    np: Any
     try:
         import numpy as np
     except ImportError:
@@ -418,11 +419,11 @@ def _ops_around(cpu: Any, syncs: Any) -> list[tuple[int, int, int, int]]:
         return found
     out = []
     for t, a, d, n in zip(cpu.thread_id, cpu.start, cpu.dur, cpu.name_id):
-        mine = starts.get(t)
-        if mine is None:
+        held = starts.get(t)
+        if held is None:
             continue
-        j = bisect.bisect_left(mine, a)
-        if j < len(mine) and mine[j] <= a + d:
+        j = bisect.bisect_left(held, a)
+        if j < len(held) and held[j] <= a + d:
             out.append((t, a, a + d, n))
     return out
 
