@@ -163,9 +163,9 @@ def diff(
     def get(x: str | os.PathLike[str] | Report) -> Report:
         if isinstance(x, Report):
             return x
-        if os.path.isdir(x):  # the ranks of one run: their merged report
-            from gpuprobe.report._ranks import analyze_ranks
+        from gpuprobe.report._ranks import analyze_ranks, several_ranks
 
+        if several_ranks(x):  # the ranks of one run (a directory, an nsys export of several processes): merged
             return analyze_ranks(
                 [x], top=_ALL, step_pattern=step_pattern, engine=engine, jobs=jobs, thresholds=limits
             )[0]

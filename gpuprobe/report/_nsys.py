@@ -78,8 +78,19 @@ def _span(start: object, end: object) -> bool:
     return type(start) is int and type(end) is int and -LIMIT < start <= end < LIMIT  # type: ignore[operator]
 
 
+def kernel_processes(con: sqlite3.Connection) -> list[int]:
+    """The process ids of the export's kernels, sorted ([] without a kernel table)."""
+    tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+    if KERNEL_TABLE not in tables or "globalPid" not in _columns(con, KERNEL_TABLE):
+        return []
+    return sorted({_pid(g) for (g,) in con.execute(f"SELECT DISTINCT globalPid FROM {KERNEL_TABLE}")})
+
+
 def iter_events(
-    con: sqlite3.Connection, info: TraceInfo, progress: Callable[[int, int], None] | None = None
+    con: sqlite3.Connection,
+    info: TraceInfo,
+    progress: Callable[[int, int], None] | None = None,
+    process: int | None = None,
 ) -> Iterator[Event]:
     """Yield the events of an opened export.
 
@@ -87,6 +98,8 @@ def iter_events(
         con: A read-only connection.
         info: Filled with devices, base time and notes.
         progress: Called with ``(rows_done, rows_total)`` every 64k rows.
+        process: Only the events of this process id (one rank of an export holding several); the
+            environment's ``RANK`` is then not the process's and is not read.
 
     Raises:
         NsysFormatError: No nsys activity table, or a needed table or column is missing.
@@ -108,6 +121,8 @@ def iter_events(
     if KERNEL_TABLE not in tables:
         info.notes.append(f"no {KERNEL_TABLE} table: the export holds no kernel records")
     _read_target_info(con, tables, info)
+    if process is not None:
+        info.rank = info.rank_source = None
 
     total = 0
     if progress is not None:
@@ -135,6 +150,8 @@ def iter_events(
         )
         unclosed = 0
         for start, end, text, text2, gtid in rows(sql):
+            if process is not None and _pid(gtid) != process:
+                continue
             if not _span(start, end):
                 unclosed += 1
                 continue
@@ -152,6 +169,8 @@ def iter_events(
             f"FROM {RUNTIME_TABLE} r LEFT JOIN StringIds s ON s.id = r.nameId"
         )
         for start, end, corr, gtid, name in rows(sql):
+            if process is not None and _pid(gtid) != process:
+                continue
             if not _span(start, end):
                 info.skipped_events += 1
                 continue
@@ -169,6 +188,8 @@ def iter_events(
             f"FROM {KERNEL_TABLE} k LEFT JOIN StringIds s ON s.id = k.{name_col}"
         )
         for start, end, corr, gpid, device, stream, name in rows(sql):
+            if process is not None and _pid(gpid) != process:
+                continue
             if not _span(start, end):
                 info.skipped_events += 1
                 continue
@@ -200,6 +221,8 @@ def iter_events(
             f"{_col(c, 'dstKind')} FROM {table}"
         )
         for start, end, corr, gpid, device, stream, nbytes, copy_kind, src_kind, dst_kind in rows(sql):
+            if process is not None and _pid(gpid) != process:
+                continue
             if not _span(start, end):
                 info.skipped_events += 1
                 continue

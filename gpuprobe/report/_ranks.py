@@ -29,7 +29,7 @@ from gpuprobe.report._comm import collective_starts
 from gpuprobe.report._errors import ReportInputError
 from gpuprobe.report._findings import order, parse_thresholds
 from gpuprobe.report._scan import TraceScan
-from gpuprobe.report.loaders import load
+from gpuprobe.report.loaders import gpu_processes, load
 from gpuprobe.report.model import (
     SECTIONS,
     SEVERITIES,
@@ -62,7 +62,7 @@ from gpuprobe.report.model import (
     Summary,
 )
 
-__all__ = ["RankResult", "analyze_ranks", "rank_files", "worker_main", "TRACE_SUFFIXES"]
+__all__ = ["RankResult", "analyze_ranks", "rank_files", "rank_units", "several_ranks", "worker_main", "TRACE_SUFFIXES"]
 
 #: File names a directory of traces is read for.
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite")
@@ -106,12 +106,30 @@ def rank_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return out
 
 
-def _work(path: str, options: Options, engine: str, longest: int) -> RankResult:
+def rank_units(files: Sequence[str | os.PathLike[str]]) -> list[tuple[str, int | None]]:
+    """The ranks in ``files``: ``(path, None)`` per trace, or ``(path, process id)`` for each process
+    that ran kernels in an Nsight Systems export that holds several (``nsys profile torchrun ...``)."""
+    out: list[tuple[str, int | None]] = []
+    for f in files:
+        processes = gpu_processes(f)
+        if len(processes) > 1:
+            out.extend((os.fspath(f), p) for p in processes)
+        else:
+            out.append((os.fspath(f), None))
+    return out
+
+
+def several_ranks(path: str | os.PathLike[str]) -> bool:
+    """Whether one path holds several ranks: a directory, or an nsys export of several processes."""
+    return os.path.isdir(path) or len(gpu_processes(path)) > 1
+
+
+def _work(path: str, process: int | None, options: Options, engine: str, longest: int) -> RankResult:
     """One rank, in a worker process: the report and the collectives' starts.
 
     Every table keeps all its rows (the merge needs them), except the timeline: ``longest`` events.
     """
-    trace = load(path, engine=engine)
+    trace = load(path, engine=engine, process=process)
     scan = TraceScan(correlation_by_process=trace.info.correlation_by_process, keep_longest=longest)
     scan.consume(trace.events())
     report = build_report(scan, options, trace.path, trace.info)
@@ -120,7 +138,8 @@ def _work(path: str, options: Options, engine: str, longest: int) -> RankResult:
 
     comm = {i for i, n in enumerate(gpu_names) if categorize_kernel(n) == "communication"}
     rank = trace.info.rank if trace.info.rank is not None else -1
-    return RankResult(rank=rank, path=trace.path, report=report, collectives=collective_starts(scan, gpu_names, comm),
+    shown = trace.path if process is None else f"{trace.path} (process {process})"
+    return RankResult(rank=rank, path=shown, report=report, collectives=collective_starts(scan, gpu_names, comm),
                       rank_source=trace.info.rank_source)
 
 
@@ -163,7 +182,8 @@ def analyze_ranks(
         raise ConfigError(f"jobs must be at least 1, not {jobs}")
     limits = parse_thresholds(thresholds if not isinstance(thresholds, str) else [thresholds])
     options = Options(top=_ALL, step_pattern=step_pattern, small_ns=int(round(small_us * 1000)), thresholds=limits)
-    results = _run_all([str(f) for f in files], options, engine, jobs or os.cpu_count() or 1, progress, top)
+    units = rank_units(files)
+    results = _run_all(units, options, engine, jobs or os.cpu_count() or 1, progress, top)
     sources = sorted({r.rank_source for r in results if r.rank_source is not None})
     source = " and ".join(_RANK_SOURCES.get(s, s) for s in sources)
     ranks = [r.rank for r in results]
@@ -171,7 +191,7 @@ def analyze_ranks(
         if all(r >= 0 for r in ranks):
             dup = sorted({r for r in ranks if ranks.count(r) > 1})
             raise ConfigError(f"several traces claim rank {dup[0]}: {', '.join(r.path for r in results if r.rank == dup[0])}")
-        source = "file order"
+        source = "file order" if len(units) == len(files) else "file and process order"
         for i, r in enumerate(results):
             r.rank = i
     results.sort(key=lambda r: r.rank)
@@ -179,18 +199,18 @@ def analyze_ranks(
 
 
 def _run_all(
-    files: list[str],
+    units: list[tuple[str, int | None]],
     options: Options,
     engine: str,
     jobs: int,
     progress: Callable[[int, int], None] | None,
     longest: int,
 ) -> list[RankResult]:
-    total = len(files)
+    total = len(units)
     if jobs == 1 or total == 1:
         out = []
-        for i, f in enumerate(files):
-            out.append(_work(f, options, engine, longest))
+        for i, (f, process) in enumerate(units):
+            out.append(_work(f, process, options, engine, longest))
             if progress is not None:
                 progress(i + 1, total)
         return out
@@ -206,9 +226,11 @@ def _run_all(
     # the workers import the same gpuprobe as this process, whatever their working directory holds
     root = str(Path(__file__).resolve().parents[2])
 
-    def one(path: str) -> RankResult:
+    def one(unit: tuple[str, int | None]) -> RankResult:
         nonlocal done
-        proc = subprocess.run([sys.executable, "-c", _WORKER, root, path, spec], capture_output=True)
+        path, process = unit
+        argv = [sys.executable, "-c", _WORKER, root, path, "" if process is None else str(process), spec]
+        proc = subprocess.run(argv, capture_output=True)
         try:
             status, payload = pickle.loads(proc.stdout)
         except Exception:
@@ -227,7 +249,7 @@ def _run_all(
         return payload  # type: ignore[no-any-return]
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(jobs, total)) as pool:
-        return list(pool.map(one, files))
+        return list(pool.map(one, units))
 
 
 # A worker: gpuprobe imported from where this process has it, one rank read, its result pickled on
@@ -239,14 +261,15 @@ _WORKER = (
 
 
 def worker_main(argv: list[str]) -> int:
-    """One rank (``argv``: the trace and the options as JSON), its result pickled on stdout."""
-    path, spec_text = argv
+    """One rank (``argv``: the trace, its process id or "", the options as JSON), its result pickled on stdout."""
+    path, process_text, spec_text = argv
+    process = int(process_text) if process_text else None
     spec = json.loads(spec_text)
     options = Options(top=spec["top"], step_pattern=spec["step_pattern"], small_ns=spec["small_ns"],
                       thresholds=spec["thresholds"])
     payload: tuple[str, Any]
     try:
-        payload = ("ok", _work(path, options, spec["engine"], spec["longest"]))
+        payload = ("ok", _work(path, process, options, spec["engine"], spec["longest"]))
     except ReportInputError as exc:
         payload = ("input", exc.problem)
     except ConfigError as exc:

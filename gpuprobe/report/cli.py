@@ -31,7 +31,7 @@ from gpuprobe.report._analysis import analyze
 from gpuprobe.report._diff import NORMALIZE, diff
 from gpuprobe.report._errors import ReportInputError
 from gpuprobe.report._findings import THRESHOLDS, worst_at_least
-from gpuprobe.report._ranks import analyze_ranks
+from gpuprobe.report._ranks import analyze_ranks, several_ranks
 from gpuprobe.report._render import FORMATS, plot, render
 from gpuprobe.report.loaders import ENGINES
 from gpuprobe.report.model import SECTIONS, SEVERITIES
@@ -279,7 +279,7 @@ def main_report(argv: list[str]) -> int:
         computed = shown + [s for s in ("categories", "steps") if args.plot and shown and s not in shown]
         if args.fail_on and shown and "findings" not in computed:
             computed.append("findings")  # the gate reads them, shown or not
-        if len(args.trace) > 1 or os.path.isdir(args.trace[0]):
+        if len(args.trace) > 1 or several_ranks(args.trace[0]):
             return _ranks(args, shown)
         if args.by_rank:
             raise ConfigError("--by-rank needs several traces (files, or a directory of them)")

@@ -29,7 +29,7 @@ from gpuprobe.report._kineto import (
     number_to_int,
     to_event,
 )
-from gpuprobe.report._nsys import NsysFormatError, iter_events as iter_nsys_events
+from gpuprobe.report._nsys import NsysFormatError, iter_events as iter_nsys_events, kernel_processes
 
 __all__ = ["Trace", "TraceInfo", "load", "ENGINES"]
 
@@ -50,10 +50,11 @@ class Trace:
         2
     """
 
-    def __init__(self, path: str, fmt: str, engine: str = "stdlib") -> None:
+    def __init__(self, path: str, fmt: str, engine: str = "stdlib", process: int | None = None) -> None:
         self.path = path
         self.format = fmt  # "kineto-json", "kineto-gzip" or "nsys-sqlite"
         self.engine = engine
+        self.process = process  # nsys: only this process's events (None: all)
         self.info = TraceInfo("nsys" if fmt == "nsys-sqlite" else "kineto")
         self.size = os.path.getsize(path)
 
@@ -139,14 +140,14 @@ class Trace:
             raise self._fail(f"cannot open as SQLite: {exc}") from None
         with contextlib.closing(con):
             try:
-                yield from iter_nsys_events(con, self.info, progress)
+                yield from iter_nsys_events(con, self.info, progress, process=self.process)
             except NsysFormatError as exc:
                 raise self._fail(str(exc)) from None
             except sqlite3.Error as exc:
                 raise self._fail(f"SQLite error: {exc}") from None
 
 
-def load(path: str | os.PathLike[str], engine: str = "stdlib") -> Trace:
+def load(path: str | os.PathLike[str], engine: str = "stdlib", process: int | None = None) -> Trace:
     """Open a kineto JSON / JSON.gz trace or an Nsight Systems SQLite export.
 
     The file is checked for existence, emptiness and format here; its contents are read only
@@ -155,6 +156,8 @@ def load(path: str | os.PathLike[str], engine: str = "stdlib") -> Trace:
     Args:
         path: The trace file.
         engine: JSON engine for kineto traces, one of :data:`ENGINES`.
+        process: Nsight Systems exports: read only the events of this process id (see
+            :func:`gpu_processes`).
 
     Returns:
         The opened :class:`Trace`.
@@ -185,9 +188,28 @@ def load(path: str | os.PathLike[str], engine: str = "stdlib") -> Trace:
     if not head:
         raise ReportInputError(path, "empty file")
     if head.startswith(_SQLITE_MAGIC):
-        return Trace(path, "nsys-sqlite")
+        return Trace(path, "nsys-sqlite", process=process)
+    if process is not None:
+        raise ConfigError(f"process={process} applies to Nsight Systems exports only, not to {path}")
     if head.startswith(_GZIP_MAGIC):
         return Trace(path, "kineto-gzip", engine)
     if path.endswith((".nsys-rep", ".qdrep")):
         raise ReportInputError(path, "an Nsight Systems report: export it first with 'nsys export --type sqlite'")
     return Trace(path, "kineto-json", engine)
+
+
+def gpu_processes(path: str | os.PathLike[str]) -> list[int]:
+    """The ids of the processes that ran kernels, for an Nsight Systems export (sorted); [] otherwise.
+
+    One export of ``nsys profile torchrun ...`` holds every rank's process: each is a rank.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            if not f.read(16).startswith(_SQLITE_MAGIC):
+                return []
+        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as con:
+            return kernel_processes(con)
+    except (OSError, sqlite3.Error):
+        return []  # reported when the trace is read

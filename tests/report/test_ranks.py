@@ -213,3 +213,60 @@ def test_nsys_ranks_come_from_the_recorded_environment(tmp_path: Path, make_nsys
     make_nsys(e / "y.sqlite", base)
     merged, results = analyze_ranks([e], jobs=1)
     assert merged.ranks.source == "file order" and [Path(r.path).name for r in results] == ["x.sqlite", "y.sqlite"]
+
+
+def _two_process_export(make_nsys: Any, path: Path) -> Path:
+    """nsys_min.sql (process 4242) plus a second process, 4343, on device 1: a GEMM, and an NCCL
+    all-reduce that starts during it; 4242 gets an all-reduce too, after its kernels."""
+    base = (Path(__file__).resolve().parents[1] / "data" / "nsys_min.sql").read_text()
+    gpid, gtid = (1 << 48) | (4343 << 24), (1 << 48) | (4343 << 24) | 4343
+    gpid0 = (1 << 48) | (4242 << 24)
+    cols = "(start,end,deviceId,contextId,streamId,correlationId,globalPid,demangledName,shortName,registersPerThread," \
+           "gridX,gridY,gridZ,blockX,blockY,blockZ,staticSharedMemory,dynamicSharedMemory,localMemoryPerThread," \
+           "localMemoryTotal,gridId)"
+    extra = f"""
+INSERT INTO PROCESSES VALUES ({gpid},4343,'python3');
+INSERT INTO StringIds VALUES (40,'ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)'),
+ (41,'ncclDevKernel_AllReduce_Sum_f32_RING_LL');
+INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (1004000,1008000,0,{gtid},201,2,0,NULL),(1009000,1010000,0,{gtid},202,2,0,NULL);
+INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL {cols} VALUES
+ (1011000,1031000,1,1,9,201,{gpid},6,6,168,64,1,1,128,1,1,0,0,0,0,9101),
+ (1025000,1045000,1,1,10,202,{gpid},40,41,64,1,1,1,512,1,1,0,0,0,0,9102),
+ (1050000,1060000,0,1,10,0,{gpid0},40,41,64,1,1,1,512,1,1,0,0,0,0,9103);
+"""
+    return make_nsys(path, base + extra)
+
+
+def test_an_nsys_export_of_several_processes_is_one_rank_per_process(
+    tmp_path: Path, make_nsys: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sqlite3
+
+    path = _two_process_export(make_nsys, tmp_path / "torchrun.sqlite")
+    # Expected from the raw rows: per process, all kernel time, NCCL time, and NCCL time that overlaps
+    # the process's other kernels on the same device.
+    con = sqlite3.connect(path)
+    rows = con.execute("SELECT k.start, k.end, (k.globalPid >> 24) & 16777215, k.deviceId, s.value "
+                       "FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName").fetchall()
+    con.close()
+    expected = {}
+    for pid in sorted({r[2] for r in rows}):
+        mine = [r for r in rows if r[2] == pid]
+        comm = [(a, b, d) for a, b, _, d, n in mine if n.startswith("nccl")]
+        other = [(a, b, d) for a, b, _, d, n in mine if not n.startswith("nccl")]
+        overlap = sum(max(0, min(b, b2) - max(a, a2)) for a, b, d in comm for a2, b2, d2 in other if d == d2)
+        comm_ns = sum(b - a for a, b, _ in comm)
+        expected[pid] = (sum(b - a for a, b, *_ in mine), comm_ns, overlap, comm_ns - overlap)
+    assert expected[4343][2] > 0 and expected[4242][2] == 0  # the test can tell overlap from none
+
+    merged, results = analyze_ranks([path], jobs=1)
+    assert merged.ranks.source == "file and process order"
+    assert [r.path for r in results] == [f"{path} (process 4242)", f"{path} (process 4343)"]
+    got = {int(r.path.rsplit(" ", 1)[1].rstrip(")")): (r.kernel_ns, r.communication_ns, r.overlap_ns,
+                                                        r.exposed_communication_ns)
+           for r in merged.ranks.rows}
+    assert got == expected
+    # The CLI takes the one file as the ranks of one run.
+    assert main_report([str(path), "--format", "json", "--sections", "ranks", "--jobs", "2"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [row["rank"] for row in shown["ranks"]["rows"]] == [0, 1]
