@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -395,11 +396,14 @@ def _ops_around(cpu: Any, syncs: Any) -> list[tuple[int, int, int, int]]:
         starts.setdefault(t, []).append(when)
     for v in starts.values():
         v.sort()
-    np: Any
-    try:
-        import numpy as np
-    except ImportError:
-        np = None
+    np: Any = sys.modules.get("numpy")
+    # Why numpy only from 100,000 operators unless it is already imported: importing it costs 75-100 ms
+    # in a fresh process (test CPU), what the loop below takes for ~70,000 operators.
+    if np is None and len(cpu) > 100_000:
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
     if np is not None and len(cpu) > 10_000:
         # why: the same test vectorized over the typed-array columns, 0.09 s -> 0.01 s for 76,000
         # operators (synthetic 100 MB trace)
