@@ -73,6 +73,11 @@ def _tid(global_tid: object) -> int:
     return global_tid & 0xFFFFFF if type(global_tid) is int else 0  # type: ignore[operator]
 
 
+def _only(process: int | None, column: str, joiner: str = " WHERE ") -> str:
+    """The SQL condition keeping the rows of one process (its id is bits 24-47 of a global id), or ""."""
+    return "" if process is None else f"{joiner}(({column} >> 24) & 16777215) = {int(process)}"
+
+
 def _span(start: object, end: object) -> bool:
     """Whether a row has integer times in range (rows without are skipped)."""
     return type(start) is int and type(end) is int and -LIMIT < start <= end < LIMIT  # type: ignore[operator]
@@ -147,11 +152,10 @@ def iter_events(
         sql = (
             f"SELECT n.start, n.end, {_col(c, 'text', 'n.')}, {text_id}, {_col(c, 'globalTid', 'n.')} "
             f"FROM {NVTX_TABLE} n {join} WHERE n.eventType IN ({_NVTX_PUSH_POP}, {_NVTX_START_END})"
+            + _only(process, _col(c, "globalTid", "n."), " AND ")
         )
         unclosed = 0
         for start, end, text, text2, gtid in rows(sql):
-            if process is not None and _pid(gtid) != process:
-                continue
             if not _span(start, end):
                 unclosed += 1
                 continue
@@ -166,11 +170,9 @@ def iter_events(
             raise NsysFormatError(f"table {RUNTIME_TABLE} lacks column nameId")
         sql = (
             f"SELECT r.start, r.end, {_col(c, 'correlationId', 'r.')}, {_col(c, 'globalTid', 'r.')}, s.value "
-            f"FROM {RUNTIME_TABLE} r LEFT JOIN StringIds s ON s.id = r.nameId"
+            f"FROM {RUNTIME_TABLE} r LEFT JOIN StringIds s ON s.id = r.nameId" + _only(process, _col(c, "globalTid", "r."))
         )
         for start, end, corr, gtid, name in rows(sql):
-            if process is not None and _pid(gtid) != process:
-                continue
             if not _span(start, end):
                 info.skipped_events += 1
                 continue
@@ -185,11 +187,9 @@ def iter_events(
         sql = (
             f"SELECT k.start, k.end, {_col(c, 'correlationId', 'k.')}, {_col(c, 'globalPid', 'k.')}, "
             f"{_col(c, 'deviceId', 'k.')}, {_col(c, 'streamId', 'k.')}, s.value "
-            f"FROM {KERNEL_TABLE} k LEFT JOIN StringIds s ON s.id = k.{name_col}"
+            f"FROM {KERNEL_TABLE} k LEFT JOIN StringIds s ON s.id = k.{name_col}" + _only(process, _col(c, "globalPid", "k."))
         )
         for start, end, corr, gpid, device, stream, name in rows(sql):
-            if process is not None and _pid(gpid) != process:
-                continue
             if not _span(start, end):
                 info.skipped_events += 1
                 continue
@@ -218,11 +218,9 @@ def iter_events(
         sql = (
             f"SELECT start, end, {_col(c, 'correlationId')}, {_col(c, 'globalPid')}, {_col(c, 'deviceId')}, "
             f"{_col(c, 'streamId')}, {_col(c, 'bytes')}, {_col(c, 'copyKind')}, {_col(c, 'srcKind')}, "
-            f"{_col(c, 'dstKind')} FROM {table}"
+            f"{_col(c, 'dstKind')} FROM {table}" + _only(process, _col(c, "globalPid"))
         )
         for start, end, corr, gpid, device, stream, nbytes, copy_kind, src_kind, dst_kind in rows(sql):
-            if process is not None and _pid(gpid) != process:
-                continue
             if not _span(start, end):
                 info.skipped_events += 1
                 continue
