@@ -262,3 +262,33 @@ def test_fork_after_probes_were_prepared_leaves_cuda_usable_in_the_child() -> No
     """)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+def test_the_sync_audit_counts_what_torch_sync_debug_mode_warns_about() -> None:
+    from gpuprobe._sync_audit import SyncSites, new_audit
+
+    x = torch.arange(8.0, device="cuda")
+    mask = x > 3
+
+    def work() -> None:
+        x.sum().item()
+        x.nonzero()
+        x[mask]
+        x.cpu()
+        x.to("cpu", non_blocking=True)  # not a sync
+        torch.unique(x)
+
+    work()  # warm-up: lazy initialisation syncs once
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            work()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    warned = sum("synchroniz" in str(w.message) for w in seen)
+    audit = new_audit(SyncSites(lambda key, message: None))
+    with audit:
+        work()
+    assert sum(audit.counts.values()) == warned > 0
