@@ -75,9 +75,10 @@ def _requests_row(q: Queries) -> Row:
     probe_errors = f"sum by (probe, {ERROR_TYPE}) ({q.rate('gpuprobe.probe.errors')})"
     return Row("Requests", (
         Panel("Time to first token", _latency_description(
-            "From the generate() call to its first output token, by clock: host = when the host holds the "
-            "token (what a client sees); device (GPUs only) = the GPU's own time from reaching the call's "
-            "start to finishing the step that selected the token", ttft),
+            "From a request's arrival (the generate() call; add_request under continuous batching) to its "
+            "first output token, by clock: host = when the host holds the token (what a client sees); device "
+            "(GPUs only) = the GPU's own time for the request's work up to the step that selected the token "
+            "(continuous batching adds the host-measured queue wait before its first step)", ttft),
               q.latency_targets(ttft, legend="{{clock}} "), "s"),
         Panel("Inter-token latency", _latency_description(
             "Time between two consecutive output tokens, one sample per decode step, by clock (host: as "
@@ -116,7 +117,7 @@ def _serving_row(q: Queries) -> Row:
     who = f"{{{{model}}}} · rank {{{{{RANK}}}}}"
     mean_tokens = f"sum by (phase) ({q.rate(tokens, 'sum')}) / sum by (phase) ({q.rate(tokens, 'count')})"
     mean_requests = f"sum({q.rate(per_step, 'sum')}) / sum({q.rate(per_step, 'count')})"
-    host = ('clock!="device"',)  # what a client sees (generate() on a GPU also records the device clock)
+    host = ('clock!="device"',)  # what a client sees (on a GPU the device clock is recorded too)
     latency = tuple(Target(q.stat(metric, stat, *extra), f"{what} {stat} · rank {{{{{RANK}}}}}")
                     for metric, what, extra in ((ttft, "TTFT", host), (tpot, "TPOT", ()), (req, "end to end", ()))
                     for stat in ("p50", "p95"))

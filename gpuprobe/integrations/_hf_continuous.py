@@ -31,8 +31,18 @@ A request preempted (offloaded to the CPU or restarted) and scheduled again keep
 first token. Counted per model: the gauges are read at the end of each preparation (the loop also
 prepares every 0.1 s while idle) and written only when they change.
 
+Latencies on a GPU (``docs/serving.md``, "Latencies and their clocks"): a step's device span is that
+of its forward (CUDA events on the processor's compute stream), and a step that decodes gives it as
+the device inter-token latency. A request's device TTFT is its wait before its first forward is
+launched, on the host clock (no work of it is on the GPU before then), plus the device time from an
+event recorded at that launch to an event recorded after the forward that selected its first token.
+The requests a step admits and whose first token that same forward selects share one pair of events;
+a request whose prompt is split over steps has its own. The record waits for the update that hands
+the token to the host, which confirms that the forward's token was the request's first.
+
 The hot path only appends ``(series.apply, value)`` records to the loop thread's buffer; the
-runtime aggregates them off the loop.
+runtime aggregates them off the loop. Nothing here waits for the device: CUDA events are read later
+by the runtime, when the GPU has reached them.
 """
 
 from __future__ import annotations
@@ -43,7 +53,10 @@ from time import perf_counter_ns
 from typing import Any
 
 from .. import is_enabled
+from .._placement import tensor_device
+from ._hf_spans import DecodeSpan
 from ..runtime import Runtime
+from ..timing import DeviceClock
 
 __all__ = ["ServingState", "PHASES", "FINISH_REASONS"]
 
@@ -66,17 +79,55 @@ _NONE = object()
 class _Req:
     """What gpuprobe keeps of one request while it runs (never exported: no id or text is a label)."""
 
-    __slots__ = ("state", "arrival", "first")
+    __slots__ = ("state", "arrival", "first", "span")
 
     def __init__(self, state: Any, arrival: int) -> None:
         self.state = state  # the RequestState first scheduled (its end-of-sequence ids)
         self.arrival = arrival  # perf_counter_ns of its creation
         self.first = 0  # perf_counter_ns of its first token on the host; 0: none yet
+        self.span: _FirstSpan | None = None  # on a GPU, until its first token: its device TTFT's events
+
+
+class _FirstSpan:
+    """The device TTFT of requests a step admits: a record target, one sample per request.
+
+    One span is shared by the requests whose first token the admitting step's forward selects; a
+    request whose prompt goes on in later steps has one of its own. ``token`` is the start token while
+    ``open`` (its event recorded as the admitting forward is launched, at host time ``launched``), then
+    the pending pair once the forward that selected the first token has its end event; ``None`` once
+    handed over or given back. ``waits``: per request whose first token reached the host, its wait on
+    the host clock from its arrival to that launch, which each sample adds to the device span.
+    """
+
+    __slots__ = ("ttft", "token", "open", "launched", "waits")
+
+    def __init__(self, ttft: Any) -> None:
+        self.ttft = ttft
+        self.token: Any = None
+        self.open = False
+        self.launched = 0
+        self.waits: list[int] = []
+
+    def apply(self, ns: int) -> None:
+        ttft = self.ttft
+        for wait in self.waits:
+            ttft(wait + ns)
+
+    def discard(self) -> None:
+        """Give the events back without reading them (idempotent: several requests may share the span)."""
+        token, self.token = self.token, None
+        if token is None:
+            return
+        if self.open:
+            self.open = False
+            token[0].release(token[1])  # a start token: (pool, event)
+        else:
+            DeviceClock.discard(token)
 
 
 def _ns(seconds: float) -> int:
     # RequestState.created_time comes from time.perf_counter(), the clock of perf_counter_ns().
-    return int(seconds * 1e9)
+    return round(seconds * 1e9)
 
 
 def _ends_with_eos(state: Any, tokens: list[int]) -> bool:
@@ -107,7 +158,9 @@ class ServingState:
         fam = rt.family
         ml = {"model": name}
         # Records are (bound apply of a series, value), as in the generate() integration: prepared here.
-        self.ttft = fam("gen_ai.server.time_to_first_token").child(**gen_labels, clock="host").apply
+        ttft = fam("gen_ai.server.time_to_first_token")
+        self.ttft = ttft.child(**gen_labels, clock="host").apply
+        self.ttft_dev = ttft.child(**gen_labels, clock="device").apply  # called by _FirstSpan targets
         self.tpot = fam("gen_ai.server.time_per_output_token").child(**gen_labels).apply
         req = fam("gen_ai.server.request.duration")
         self.req_ok = req.child(**gen_labels).apply
@@ -137,7 +190,11 @@ class ServingState:
         self.c_schedule = comp.child(**ml, component="schedule").apply
         self.c_forward = comp.child(**ml, component="forward").apply
         self.c_update = comp.child(**ml, component="update").apply
-        self.inter_token = fam("gpuprobe.inter_token.duration").child(**ml, clock="host").apply
+        itl = fam("gpuprobe.inter_token.duration")
+        self.inter_token = itl.child(**ml, clock="host").apply
+        itl_dev = itl.child(**ml, clock="device").apply
+        # A decoding step's device span is also its device inter-token latency: one prepared target per phase.
+        self.step_span = tuple(DecodeSpan(s, itl_dev) if p != "prefill" else s for p, s in zip(PHASES, self.step_dev))
         self._patched: list[tuple[weakref.ref[Any], str, Any, Any]] = []
         self._managers: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -258,7 +315,10 @@ class _Loop:
         self.st = st
         self.rt = st.rt
         self.live: dict[str, _Req] = {}
-        self.inflight: deque[list[tuple[_Req, Any]]] = deque()  # first-token candidates per batch
+        # Per batch until its update: the first-token candidates, and the device TTFT spans its forward ended.
+        self.inflight: deque[tuple[list[tuple[_Req, Any]], list[_FirstSpan] | None]] = deque()
+        self.starting: list[_FirstSpan] | None = None  # spans the open step's forward launch starts
+        self.stopping: list[_FirstSpan] | None = None  # spans its forward's end stops
         self.cancelled: set[str] = set()
         self.scheduled: list[Any] | None = None
         self.scheduler: Any = None
@@ -336,22 +396,21 @@ class _Loop:
         def generation_step(model: Any) -> None:
             if not self.open:
                 return step(model)  # type: ignore[no-any-return]
-            if self.device is None:
+            clock = self.rt.backends.device_clock if self.device is not None else None
+            if clock is None:
                 t0 = perf_counter_ns()
                 step(model)
                 self.fwd_ns = perf_counter_ns() - t0
                 return None
-            clock = self.rt.backends.device_clock
             t0 = perf_counter_ns()
-            tok = self._device_start(clock) if clock is not None else None
+            tok = self._device_start(clock, t0)
             try:
                 step(model)
             except BaseException:
-                if tok is not None:  # the events go back to their pool
-                    clock.discard(self._device_stop(clock, tok))
+                if tok is not None:  # the events go back to their pool (open spans: when the loop ends)
+                    clock.discard(self._device_stop(clock, tok, None))
                 raise
-            if tok is not None:
-                self.dev_tok = self._device_stop(clock, tok)
+            self.dev_tok = self._device_stop(clock, tok, self.stopping)
             self.fwd_ns = perf_counter_ns() - t0
             return None
 
@@ -362,7 +421,7 @@ class _Loop:
             update()
             t1 = perf_counter_ns()
             try:
-                firsts = self.inflight.popleft() if self.inflight else ()
+                firsts, ended = self.inflight.popleft() if self.inflight else ((), None)
                 if firsts:
                     records = self.records
                     ttft = st.ttft
@@ -370,6 +429,10 @@ class _Loop:
                         if not req.first and state.generated_tokens:  # its first token came with this update
                             req.first = t1
                             records.append((ttft, t1 - req.arrival))
+                            if req.span is not None:
+                                self.landed(req)
+                if ended:
+                    self.hand_over(ended)
                 if self.open:
                     self.close_step(t1, t1 - t0)
             except Exception as exc:
@@ -427,7 +490,10 @@ class _Loop:
         self.num_blocks = int(getattr(cache, "num_blocks", 0))
 
     def _place(self, bp: Any) -> None:
-        device = getattr(bp, "model_device", None)
+        # Where the paged cache lives is where the model runs (transformers makes both on model.device);
+        # read through gpuprobe's one reader of tensor devices.
+        cache_tensor = getattr(getattr(bp, "cache", None), "cache_tensor", None)
+        device: Any = tensor_device(cache_tensor) if cache_tensor is not None else getattr(bp, "model_device", None)
         if getattr(device, "type", None) != "cuda":
             self.device = None
             return
@@ -436,22 +502,91 @@ class _Loop:
         self.device = device.index if device.index is not None else torch.cuda.current_device()
         self.stream = getattr(getattr(bp, "inputs_and_outputs", None), "compute_stream", None)
 
-    def _device_start(self, clock: Any) -> Any:
+    def _device_start(self, clock: Any, t: int) -> Any:
         # The forward runs on the processor's compute stream: the events go there too.
         if self.stream is None:
-            return clock.start(self.device)
+            return self._start(clock, t)
         import torch
 
         with torch.cuda.stream(self.stream):
-            return clock.start(self.device)
+            return self._start(clock, t)
 
-    def _device_stop(self, clock: Any, tok: Any) -> Any:
+    def _start(self, clock: Any, t: int) -> Any:
+        """The step's start event, then one for each device TTFT span its launch starts (no work between)."""
+        tok = clock.start(self.device)
+        starting = self.starting
+        if starting:
+            self.starting = None
+            for span in starting:
+                span.token = clock.start(self.device)
+                span.open = span.token is not None
+                span.launched = t
+        return tok
+
+    def _device_stop(self, clock: Any, tok: Any, stopping: list[_FirstSpan] | None) -> Any:
         if self.stream is None:
-            return clock.stop(tok)
+            return self._stop(clock, tok, stopping)
         import torch
 
         with torch.cuda.stream(self.stream):
-            return clock.stop(tok)
+            return self._stop(clock, tok, stopping)
+
+    def _stop(self, clock: Any, tok: Any, stopping: list[_FirstSpan] | None) -> Any:
+        """The step's end event, then one for each device TTFT span whose first token this forward selected."""
+        pending = clock.stop(tok) if tok is not None else None
+        if stopping:
+            self.stopping = None
+            for span in stopping:
+                if span.open:
+                    span.open = False
+                    span.token = clock.stop(span.token)
+        return pending
+
+    def landed(self, req: _Req) -> None:
+        """``req``'s first token reached the host: its wait until its first launch joins its device span."""
+        span, req.span = req.span, None
+        if span is None:
+            return
+        if span.open:  # no end event was recorded for it (device timing switched off meanwhile)
+            span.discard()
+        elif span.token is not None:  # ended by the forward of this token: handed over after its update
+            span.waits.append(max(0, span.launched - req.arrival))
+
+    @staticmethod
+    def forget_span(req: _Req) -> None:
+        """``req`` is gone: a span only it still holds (open, its prompt unfinished) gives its events back;
+        one that a forward ended is handed over or given back by that forward's update."""
+        span, req.span = req.span, None
+        if span is not None and span.open:
+            span.discard()
+
+    def hand_over(self, ended: list[_FirstSpan]) -> None:
+        """A batch's update is done: the spans its forward ended go to the runtime (read when the GPU is there)."""
+        records = self.records
+        pending = self.rt.pending.apply
+        for span in ended:
+            token = span.token
+            if token is None or span.open:
+                continue
+            if span.waits:
+                span.token = None
+                records.append((pending, (span, token)))
+            else:  # no request's first token came from it (undone, failed): nothing to read
+                span.discard()
+
+    def drop_spans(self) -> None:
+        """Give back the events of every device TTFT span still held (the loop starts or ends)."""
+        for _, ended in self.inflight:
+            for span in ended or ():
+                span.discard()
+        for req in self.live.values():
+            if req.span is not None:
+                req.span.discard()
+                req.span = None
+        for spans in (self.starting, self.stopping):
+            for span in spans or ():
+                span.discard()
+        self.starting = self.stopping = None
 
     def failed(self, exc: BaseException) -> None:
         """gpuprobe's own work around a seam raised: said once; the loop goes on (its step is dropped)."""
@@ -461,6 +596,7 @@ class _Loop:
     # -- the loop --------------------------------------------------------------------------------
     def begin(self) -> None:
         """The generation loop starts (on its thread)."""
+        self.drop_spans()
         self.live.clear()
         self.inflight.clear()
         self.cancelled.clear()
@@ -472,10 +608,9 @@ class _Loop:
         """The generation loop ended: the gauges say what is left, the thread's steps are over."""
         self.open = False
         if self.dev_tok is not None:
-            from ..timing import DeviceClock
-
             DeviceClock.discard(self.dev_tok)
             self.dev_tok = None
+        self.drop_spans()
         self.inflight.clear()
         self.live.clear()
         if self.scheduler is not None:
@@ -531,6 +666,12 @@ class _Loop:
         live = self.live
         firsts: list[tuple[_Req, Any]] = []
         append = records.append
+        # On a GPU: the device TTFT spans this step's forward launch starts and its end stops.
+        starting: list[_FirstSpan] | None = None
+        stopping: list[_FirstSpan] | None = None
+        if self.device is not None and self.rt.backends.device_clock is not None:
+            starting, stopping = [], []
+        admitted: _FirstSpan | None = None
         for fs in batch:  # type: ignore[union-attr]
             state = fs.state
             q = fs.query_length
@@ -550,9 +691,24 @@ class _Loop:
             if req is None:
                 req = live[state.request_id] = _Req(state, _ns(state.created_time))
                 append((st.queue, max(0, t1 - req.arrival)))
+                if starting is not None:
+                    if fs.has_new_token:  # its first token comes from this forward: the step's shared span
+                        if admitted is None:
+                            admitted = _FirstSpan(st.ttft_dev)
+                            starting.append(admitted)
+                            stopping.append(admitted)  # type: ignore[union-attr]
+                        req.span = admitted
+                    else:  # its prompt goes on in later steps: a span of its own, open until then
+                        req.span = _FirstSpan(st.ttft_dev)
+                        starting.append(req.span)
             if fs.has_new_token and not req.first:
                 firsts.append((req, state))
-        self.inflight.append(firsts)
+                span = req.span
+                if span is not None and span.open and stopping is not None:  # the last chunk of its prompt
+                    stopping.append(span)
+        self.inflight.append((firsts, stopping or None))
+        self.starting = starting or None
+        self.stopping = stopping or None
         append((st.batch_requests, len(batch)))  # type: ignore[arg-type]
         if prefill:
             append((st.tokens_prefill, prefill))
@@ -580,7 +736,7 @@ class _Loop:
             append((st.inter_token, dur))  # each decoding request waited this long for its next token
         tok = self.dev_tok
         if tok is not None:
-            append((self.rt.pending.apply, (st.step_dev[phase], tok)))
+            append((self.rt.pending.apply, (st.step_span[phase] if self.decode else st.step_dev[phase], tok)))
             self.dev_tok = None
         self.open = False
         if len(records) >= self.rt.buffer_size:
@@ -602,6 +758,8 @@ class _Loop:
         if output.status == self.failed_status or output.error is not None:
             append((st.req_failed, dur))
             append((st.finished["failed"], 1))
+            if req is not None and req.span is not None:
+                self.forget_span(req)
             return
         tokens = output.generated_tokens
         n_out = len(tokens)
@@ -612,6 +770,12 @@ class _Loop:
         if not first and n_out:  # finished by the update that produced its first token
             first = now
             append((st.ttft, dur))
+            if req is not None:
+                req.first = now  # the update's own first-token check then counts it no second time
+                if req.span is not None:
+                    self.landed(req)
+        if req is not None and req.span is not None:
+            self.forget_span(req)
         if n_out > 1:
             # The GenAI convention's time per output token: (duration - TTFT) / (output tokens - 1).
             append((st.tpot, (now - first) // (n_out - 1)))
@@ -630,6 +794,8 @@ class _Loop:
             return
         self.cancelled.add(request_id)
         req = self.live.pop(request_id, None)
+        if req is not None and req.span is not None:  # on the loop's thread (prepare_next_batch applies them)
+            self.forget_span(req)
         arrival = req.arrival if req is not None else _ns(state.created_time)
         st = self.st
         records = self.rt.thread_records()

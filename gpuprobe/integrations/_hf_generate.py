@@ -60,6 +60,7 @@ from .. import is_enabled, memory
 from .._placement import tensor_device
 from ._hf_continuous import ServingState
 from ._hf_marks import STREAMER, StepMarker, StepMarks
+from ._hf_spans import DecodeSpan
 from ._hf_utilization import Utilization
 from ..runtime import Runtime
 
@@ -216,7 +217,7 @@ class ModelState:
                          step.child(**ml, phase="decode", clock="device"))
         # Why one prepared target: a decode step's device span feeds the step and the inter-token series;
         # building the pair per step costs 0.18 us (test CPU), needed only when a token may be undone.
-        self.decode_span = _DecodeSpan(self.step_dev[1], self.itl_dev)
+        self.decode_span = DecodeSpan(self.step_dev[1], self.itl_dev)
         comp = fam("gpuprobe.step.component.duration")
         self.c_forward = comp.child(**ml, component="forward").apply
         self.c_stopping = comp.child(**ml, component="stopping_criteria").apply
@@ -556,7 +557,7 @@ class ModelState:
             if not decode:
                 target = self.step_dev[0]
             else:
-                target = _DecodeSpan(self.step_dev[1], self.itl_dev) if ctx.deferred else self.decode_span
+                target = DecodeSpan(self.step_dev[1], self.itl_dev) if ctx.deferred else self.decode_span
             rec: Any
             if util is None:
                 rec = (self.rt.pending.apply, (target, ctx.clock.stop(tok)))
@@ -702,22 +703,6 @@ class ModelState:
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         return (_none, ())
-
-
-class _DecodeSpan:
-    """A decode step's device span as a record target: the step series, and the device inter-token
-    latency of the step's token (``itl`` is set to None when the token is not an output token)."""
-
-    __slots__ = ("step", "itl")
-
-    def __init__(self, step: Any, itl: Any) -> None:
-        self.step = step
-        self.itl = itl
-
-    def apply(self, ns: int) -> None:
-        self.step.apply(ns)
-        if self.itl is not None:
-            self.itl(ns)
 
 
 def input_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from _servekit import tiny_llama
 
 import gpuprobe
 from gpuprobe.integrations import transformers as hf
@@ -19,17 +20,9 @@ MODEL = "tiny-cb"
 PROMPT_LENGTHS = (5, 9, 12, 20, 7, 3, 15, 11)
 
 
-def _model() -> Any:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=256,
-                                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    return transformers.LlamaForCausalLM(config).eval()
-
-
 @pytest.fixture
 def model() -> Any:
-    m = hf.instrument(_model(), model_name=MODEL)
+    m = hf.instrument(tiny_llama(), model_name=MODEL)
     yield m
     hf.uninstrument(m)
 
@@ -239,7 +232,7 @@ def _objects(manager: Any) -> dict[str, Any]:
 
 
 def test_uninstrument_gives_every_object_its_own_methods_back() -> None:
-    model = hf.instrument(_model(), model_name=MODEL)
+    model = hf.instrument(tiny_llama(), model_name=MODEL)
     gen = transformers.GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = transformers.ContinuousBatchingConfig(num_blocks=16, page_size=16, max_batch_tokens=32)
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
@@ -258,7 +251,7 @@ def test_instrument_all_covers_a_model_that_only_ever_batches_continuously() -> 
     own = mixin.__dict__.get("init_continuous_batching")
     hf.instrument_all()
     try:
-        model = _model()
+        model = tiny_llama()
         _generate(model, _prompts((4, 6)), new=3)
         assert hf.is_instrumented(model)
         assert _count("gen_ai.server.request.duration") == 2
