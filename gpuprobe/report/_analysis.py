@@ -86,6 +86,8 @@ class Options:
             ``"python"``; all give the same report.
         thresholds: Every finding threshold (defaults of
             :data:`~gpuprobe.report._findings.THRESHOLDS` with overrides); ``None`` for the defaults.
+        timeline_top: Rows of the timeline, if not ``top`` (a rank's report for a merge keeps every
+            row of its tables but only the longest events).
     """
 
     top: int = 20
@@ -94,6 +96,7 @@ class Options:
     sections: tuple[str, ...] = ()
     backend: str = "auto"
     thresholds: Mapping[str, float] | None = None
+    timeline_top: int | None = None
 
     def wants(self, section: str) -> bool:
         return not self.sections or section in self.sections
@@ -756,7 +759,8 @@ class _Sections:
     def _timeline(self) -> TimelineSection:
         rows: list[TimelineRow] = []
         stream_keys = list(self.scan.streams)  # (device, stream) by stream id
-        for op in self.cols.longest_ops(self.options.top):
+        limit = self.options.timeline_top if self.options.timeline_top is not None else self.options.top
+        for op in self.cols.longest_ops(limit):
             name = self.gpu_name_list[op.name_id]
             device, stream = stream_keys[op.stream_id]
             rows.append(
