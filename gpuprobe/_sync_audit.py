@@ -61,7 +61,6 @@ SYNC_OPS: tuple[tuple[str, str], ...] = (
 Where = tuple[str, "str | None"]  # (component, processor)
 
 _ops: frozenset[Any] | None = None
-_checks: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], bool]] = {}
 _names: dict[Any, str] = {}
 _library: Any = None  # the torch.library.Library holding the kernels: they live as long as it does
 _include: Any = None
@@ -176,8 +175,6 @@ def _build() -> None:
                 except Exception:  # an overload this torch cannot register a kernel for: not counted
                     continue
                 ops.add(op)
-                if check is not None:
-                    _checks[op] = check
         if skip_code is not None:
             # Dynamo's frame evaluator skips the kernels (one code object for all) and what they call,
             # as torch does for a dispatch mode's handler, checked in C at no cost per call.
