@@ -5,8 +5,8 @@ Three variants, each run a fresh ``gpuprobe report --format json`` process, inte
 
 - ``before``: the full report of an earlier revision (``--against REV``, default ``a155300``, the
   last one without findings), run from a git worktree of it;
-- ``without``: this tree, with the sections a report had before findings;
-- ``with``: this tree's default report (findings, idle, FLOPs and all).
+- ``without``: this tree's report with every section but the findings (``--sections``);
+- ``with``: this tree's default report, findings included.
 
 The figures are medians of CPU time; the goal is ``with`` ÷ ``without`` at most 1.1x (``with`` ÷ ``before`` is shown too).
 
@@ -37,14 +37,17 @@ REAL = [
     ROOT / "tests/data/kineto/hta_cudagraph_nccl_rank0.json.gz",
     ROOT / "tests/data/kineto/tracelens_h100_timesformer_eager_attn.json.gz",
 ]
-# every section a report had before findings: the baseline
-_BEFORE = "summary,kernels,categories,families,non_gemm,attention,launches,memory,ranges,steps,small_ops,timeline,cpu_ops"
+sys.path.insert(0, str(ROOT))
+from gpuprobe.report.model import SECTIONS  # noqa: E402
+
+# every section of this tree's report but the findings (ranks: several traces only)
+_WITHOUT = ",".join(s for s in SECTIONS if s not in ("findings", "ranks"))
 
 
 def run(path: Path, variant: str, before_tree: Path | None) -> float:
     cmd = [sys.executable, "-m", "gpuprobe", "report", str(path), "--format", "json", "--output", os.devnull]
     if variant == "without":
-        cmd += ["--sections", _BEFORE]
+        cmd += ["--sections", _WITHOUT]
     cwd = before_tree if variant == "before" else ROOT  # `python -m` imports gpuprobe from the cwd
     # CPU time (user + system) of the report process: on a shared 2-CPU machine its wall time moves by
     # ±30 % from run to run with the neighbours' load, its CPU time much less
@@ -98,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             "`gpuprobe report --format json` process, CPU time (user + system) of that process; "
             "`python benchmarks/report/bench_findings.py`",
             "",
-            f"Before: the full report of revision `{args.against}` (no findings). Without: this tree with the "
-            "sections a report had before (`--sections summary,...,cpu_ops`). With: this tree's default report, "
-            "which adds the findings and the idle and FLOPs sections they read. Ratios: with ÷ without (what the "
-            "findings cost), and with ÷ before (what the report costs now against then; on the smallest traces "
-            "mostly the start-up of a fresh process).",
+            f"Before: the full report of revision `{args.against}` (no findings, nor the idle, FLOPs and "
+            "communication sections). Without: this tree's report with every section but the findings "
+            "(`--sections`). With: this tree's default report. Ratios: with ÷ without (what the findings cost), "
+            "and with ÷ before (what a report costs now against then, its new sections included; on the smallest "
+            "trace mostly the start-up of a fresh process).",
             "",
             "| trace | file size | before | without findings | with findings | with ÷ without | with ÷ before |",
             "|---|---:|---:|---:|---:|---:|---:|",
