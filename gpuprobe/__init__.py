@@ -98,7 +98,7 @@ def info() -> dict[str, Any]:
         >>> sorted(gpuprobe.info())[:3]
         ['device', 'disabled_by_env', 'enabled']
     """
-    from . import _on_demand, _utilization
+    from . import _on_demand, _seams, _utilization
     from .runtime import DISABLED_AT_IMPORT, runtime
 
     rt = runtime()
@@ -119,6 +119,9 @@ def info() -> dict[str, Any]:
         "utilization": _utilization.status(),
         # On-demand captures (docs/capture.md): the endpoint, the signal, the slow-step trigger, the last captures.
         "profile": _on_demand.status(rt),
+        "kernel_sampling": __import__("gpuprobe.profiling", fromlist=["_"]).kernel_sampling_status(rt),
+        # Seams into other libraries (docs/architecture.md): each one on, off after its own failure, or refused.
+        "seams": _seams.status(),
     }
 
 

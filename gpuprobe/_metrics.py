@@ -103,6 +103,8 @@ SPECS: dict[str, MetricSpec] = dict(
         _spec("gpuprobe.step.audited", "counter", "{step}",
               "Generation steps the sync audit counted (syncs per step = syncs ÷ audited steps)"),
         _spec("gpuprobe.telemetry.dropped", "counter", "{record}", "Telemetry records dropped, by reason"),
+        _spec("gpuprobe.seam.disabled", "counter", "{seam}",
+              "A seam into another library turned itself off after gpuprobe's own work in it failed (fail open)"),
         _spec("gpuprobe.step.memory_bandwidth.utilization", "histogram", "1",
               "Bytes a step must read (weights, KV cache) ÷ step time ÷ peak memory bandwidth", UTILIZATION_BUCKETS),
         _spec("gpuprobe.step.flops.utilization", "histogram", "1",

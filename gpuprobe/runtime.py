@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from . import _nvtx, config, memory, timing
+from . import _nvtx, _seams, config, memory, timing
 from ._buffers import PendingTimings, Record, RecordBuffers
 from ._capture import CaptureGuard
 from ._lifecycle import Closeable, Exporter, Lifecycle, Owner
@@ -93,6 +93,8 @@ class Runtime:
         self._generation = 0
         self._device_label: str | None = None
         self._dropped = self.registry.family("gpuprobe.telemetry.dropped")
+        self._seam_disabled = self.registry.family("gpuprobe.seam.disabled")
+        _seams.set_reporter(self._seam_failed)
         self._set_const_labels()
 
     # -- settings and backends -------------------------------------------------------------------
@@ -219,6 +221,11 @@ class Runtime:
             self._warned.add(key)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
+    def _seam_failed(self, seam: _seams.Seam, exc: BaseException) -> None:
+        """A seam into another library switched itself off (see :mod:`gpuprobe._seams`)."""
+        self.emit(self._seam_disabled.child(seam=seam.name), 1)
+        self.warn_once(f"seam:{seam.name}", _seams.failure_message(seam, exc))
+
     def _record_failed(self, exc: BaseException) -> None:
         self.warn_once("apply", f"gpuprobe: a record could not be aggregated: {exc!r}")
 
@@ -330,6 +337,7 @@ class Runtime:
             with self._warn_lock:
                 self._warned.clear()
             self.sync_sites.clear()
+            _seams.reset()  # every seam that switched itself off is on again
             self._device_label = None
             self.reconfigure(settings)
         if self.lifecycle.needs_thread():

@@ -47,12 +47,13 @@ by the runtime, when the GPU has reached them.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections import deque
 from time import perf_counter_ns
 from typing import Any
 
-from .. import is_enabled
+from .. import _seams, is_enabled
 from .._placement import tensor_device
 from ._hf_spans import DecodeSpan
 from ..runtime import Runtime
@@ -66,14 +67,32 @@ FINISH_REASONS = ("stop", "length", "cancelled", "failed")
 """``finish_reason`` of ``gpuprobe.requests.finished``: an end-of-sequence token, the token limit,
 cancelled (the client went away), failed (an error)."""
 
-# Objects and the methods of theirs that become seams, checked before anything is patched.
-_MANAGER = ("_create_batch_processor", "_run_generation_loop")
-_ROUTER = ("deliver", "deliver_batch")
-_PROCESSOR = ("prepare_next_batch", "_generation_step", "update_batch")
-_SCHEDULER = ("schedule_batch", "set_request_cancellation")
-_OFFLOADER = ("offload_requests",)
+GROUP = "transformers.continuous_batching"
+"""The switch of every continuous-batching seam: they work together."""
+
+
+def _declare(owner: str, attribute: str, short: str, reads: tuple[str, ...] = ()) -> _seams.Seam:
+    return _seams.declare(f"transformers.continuous_batching.{short}", library="transformers", attribute=attribute,
+                          reads=reads, group=GROUP, scenario="generate_batch",
+                          target=f"{owner}.{attribute}, on each observed manager's objects")
+
+
+# The methods that become seams, on the objects transformers calls them on; shapes checked before patching.
+SEAM_CREATE = _declare("ContinuousBatchingManager", "_create_batch_processor", "create_batch_processor")
+SEAM_LOOP = _declare("ContinuousBatchingManager", "_run_generation_loop", "generation_loop")
+SEAM_DELIVER = _declare("OutputRouter", "deliver", "deliver", ("output",))
+SEAM_DELIVER_BATCH = _declare("OutputRouter", "deliver_batch", "deliver_batch", ("outputs",))
+SEAM_PREPARE = _declare("ContinuousBatchProcessor", "prepare_next_batch", "prepare_next_batch")
+SEAM_STEP = _declare("ContinuousBatchProcessor", "_generation_step", "generation_step")
+SEAM_UPDATE = _declare("ContinuousBatchProcessor", "update_batch", "update_batch")
+SEAM_SCHEDULE = _declare("Scheduler", "schedule_batch", "schedule_batch")
+SEAM_CANCEL = _declare("Scheduler", "set_request_cancellation", "cancel", ("request_id",))
+SEAM_OFFLOAD = _declare("OffloadingManager", "offload_requests", "offload_requests")
+_MANAGER = (SEAM_CREATE, SEAM_LOOP)
+_ROUTER = (SEAM_DELIVER, SEAM_DELIVER_BATCH)
+_PROCESSOR = (SEAM_PREPARE, SEAM_STEP, SEAM_UPDATE)
+_SCHEDULER = (SEAM_SCHEDULE, SEAM_CANCEL)
 _MARK = "_gpuprobe_loop"  # the manager's _Loop, in its __dict__
-_NONE = object()
 
 
 class _Req:
@@ -195,90 +214,64 @@ class ServingState:
         itl_dev = itl.child(**ml, clock="device").apply
         # A decoding step's device span is also its device inter-token latency: one prepared target per phase.
         self.step_span = tuple(DecodeSpan(s, itl_dev) if p != "prefill" else s for p, s in zip(PHASES, self.step_dev))
-        self._patched: list[tuple[weakref.ref[Any], str, Any, Any]] = []
+        self._patched: list[_seams.Patch] = []
         self._managers: weakref.WeakSet[Any] = weakref.WeakSet()
 
     # -- observing ------------------------------------------------------------------------------
     def observe(self, manager: Any) -> Any:
-        """Put the seams on ``manager`` (once); returns it. Another transformers shape: warned, left alone."""
+        """Put the seams on ``manager`` (once); returns it. Another transformers shape: not installed
+        (``info()["seams"]`` says why), the manager runs unobserved."""
         d = getattr(manager, "__dict__", None)
         if d is None or d.get(_MARK) is not None:
             return manager
         router = getattr(manager, "output_router", None)
-        if not (_has(manager, _MANAGER) and _has(router, _ROUTER)):
-            self.rt.warn_once("continuous-batching-shape", (
-                f"gpuprobe: {type(manager).__qualname__} does not have the methods gpuprobe observes; "
-                "continuous batching is not measured with this transformers version"))
+        if not (_fits(manager, _MANAGER) and _fits(router, _ROUTER)):
             return manager
         loop = _Loop(self)
         d[_MARK] = loop
         self._managers.add(manager)
-        create, run = _original(manager, "_create_batch_processor"), _original(manager, "_run_generation_loop")
-        deliver, deliver_batch = _original(router, "deliver"), _original(router, "deliver_batch")
-
-        def _create_batch_processor() -> Any:
-            bp = create()
-            try:
-                loop.attach(bp)
-            except Exception as exc:
-                loop.failed(exc)
-            return bp
-
-        def _run_generation_loop() -> None:
-            loop.begin()
-            try:
-                run()
-            finally:
-                try:
-                    loop.end()
-                except Exception as exc:
-                    loop.failed(exc)
-
         finished = self.finished_status
 
+        def created(token: None, bp: Any, error: BaseException | None) -> None:
+            if error is None:
+                loop.attach(bp)
+
+        def loop_ends(token: None, result: Any, error: BaseException | None) -> None:
+            loop.end()
+
+        read_output = _seams.ArgReader(router.deliver, SEAM_DELIVER.reads)
+        read_outputs = _seams.ArgReader(router.deliver_batch, SEAM_DELIVER_BATCH.reads)
+
         # Recorded before the output is handed over, so a client that has its answer finds it counted.
-        def deliver_output(output: Any) -> None:
-            try:
+        def deliver(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            output = read_output.get(args, kwargs, "output")
+            if output.status >= finished:
+                loop.finish(output)
+
+        def deliver_batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            for output in read_outputs.get(args, kwargs, "outputs"):
                 if output.status >= finished:
                     loop.finish(output)
-            except Exception as exc:
-                loop.failed(exc)
-            deliver(output)
 
-        def deliver_outputs(outputs: list[Any]) -> None:
-            try:
-                for output in outputs:
-                    if output.status >= finished:
-                        loop.finish(output)
-            except Exception as exc:
-                loop.failed(exc)
-            deliver_batch(outputs)
-
-        self._patch(manager, "_create_batch_processor", _create_batch_processor)
-        self._patch(manager, "_run_generation_loop", _run_generation_loop)
-        self._patch(router, "deliver", deliver_output)
-        self._patch(router, "deliver_batch", deliver_outputs)
+        self._install(manager, SEAM_CREATE, after=created)
+        self._install(manager, SEAM_LOOP, before=lambda args, kwargs: loop.begin(), after=loop_ends)
+        self._install(router, SEAM_DELIVER, before=deliver)
+        self._install(router, SEAM_DELIVER_BATCH, before=deliver_batch)
         bp = getattr(manager, "batch_processor", None)
         if bp is not None:  # a manager kept from an earlier session
             loop.attach(bp)
         return manager
 
-    def _patch(self, obj: Any, name: str, fn: Any) -> None:
-        fn._gpuprobe_seam = True
-        previous = obj.__dict__.get(name, _NONE)  # someone's instance attribute: put back by close()
-        obj.__dict__[name] = fn
-        self._patched.append((weakref.ref(obj), name, fn, previous))
+    def _install(self, obj: Any, seam: _seams.Seam, before: Any = None, after: Any = None) -> Any:
+        """Put ``seam``'s replacement on ``obj`` (its instance attribute); :meth:`close` takes it away."""
+        original = _original(obj, seam.attribute)  # type: ignore[arg-type]
+        self._patched.append(seam.patch(obj, _seams.wrap(seam, original, before, after)))
+        return original
 
     def close(self) -> None:
         """Take every seam away again (the model is uninstrumented)."""
-        for ref, name, fn, previous in reversed(self._patched):
-            obj = ref()
-            if obj is None or obj.__dict__.get(name) is not fn:
-                continue  # gone, or replaced since: left as it is
-            if previous is _NONE:
-                del obj.__dict__[name]
-            else:
-                obj.__dict__[name] = previous
+        for patch in reversed(self._patched):
+            patch.undo()  # gone, or replaced since: left as it is
         self._patched.clear()
         for manager in list(self._managers):
             manager.__dict__.pop(_MARK, None)
@@ -301,11 +294,23 @@ def _original(obj: Any, name: str) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         return func(ref(), *args, **kwargs)
 
+    call.__name__ = getattr(func, "__name__", name)
+    call.__qualname__ = getattr(func, "__qualname__", name)
+    try:  # the bound method's signature (self left out), for inspect.signature of the replacement
+        call.__signature__ = inspect.signature(getattr(obj, name))  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pass
     return call
 
 
-def _has(obj: Any, names: tuple[str, ...]) -> bool:
-    return obj is not None and hasattr(obj, "__dict__") and all(callable(getattr(obj, n, None)) for n in names)
+def _fits(obj: Any, seams: tuple[_seams.Seam, ...]) -> bool:
+    """Whether ``obj`` has every method of ``seams`` with the parameters gpuprobe reads (the first
+    mismatch is recorded on its seam: ``info()["seams"]``)."""
+    if obj is None or not hasattr(obj, "__dict__"):
+        for seam in seams:
+            seam.refuse(f"the object that should have {seam.attribute} is missing or has no __dict__")
+        return False
+    return all(seam.check(obj) is None for seam in seams)
 
 
 class _Loop:
@@ -347,126 +352,119 @@ class _Loop:
             return
         scheduler = getattr(bp, "scheduler", None)
         cache = getattr(bp, "cache", None)
-        if not (_has(bp, _PROCESSOR) and _has(scheduler, _SCHEDULER) and cache is not None):
-            self.rt.warn_once("continuous-batching-shape", (
-                f"gpuprobe: {type(bp).__qualname__} does not have the methods gpuprobe observes; "
-                "continuous batching steps are not measured with this transformers version"))
+        if not (_fits(bp, _PROCESSOR) and _fits(scheduler, _SCHEDULER)):
+            return
+        if cache is None:
+            SEAM_PREPARE.refuse(f"{type(bp).__qualname__} has no cache attribute")
             return
         self.attached = weakref.ref(bp)
         self._bind(bp)
         st = self.st
-        prepare, step = _original(bp, "prepare_next_batch"), _original(bp, "_generation_step")
-        update = _original(bp, "update_batch")
-        schedule = _original(scheduler, "schedule_batch")
-        set_cancel = _original(scheduler, "set_request_cancellation")
+        install = st._install
 
-        # Every seam runs transformers' own method unconditionally; what gpuprobe does around it is in
-        # try blocks (free in CPython 3.11 until something raises): telemetry never stops the loop.
-        def prepare_next_batch() -> bool:
+        # Every seam runs transformers' own method once, untouched (gpuprobe._seams.wrap); what gpuprobe
+        # does around it is in hooks whose failure switches continuous-batching telemetry off.
+        def prepare_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
             if not is_enabled():
-                return prepare()  # type: ignore[no-any-return]
-            t0 = perf_counter_ns()
-            try:
-                if self.open:  # the first turn of asynchronous batching has no update
-                    self.close_step(t0, 0)
-                if self.cancelled:
-                    self.cancelled.clear()
-                self.scheduled = None
-            except Exception as exc:
-                self.failed(exc)
-            ok = prepare()
-            t1 = perf_counter_ns()
-            try:
-                self.records = records = self.rt.thread_records()
-                self.gauges(records)
-                if ok and self.scheduled:
-                    self.open_step(records, t0, t1)
-                elif self.stepping:  # idle again: what a step hook opened for this thread can close
-                    self.stepping = False
-                    self.rt.steps_done()
-            except Exception as exc:
-                self.failed(exc)
-            return ok  # type: ignore[no-any-return]
-
-        def schedule_batch(*args: Any, **kwargs: Any) -> Any:
-            out = schedule(*args, **kwargs)
-            self.scheduled = out[0]
-            return out
-
-        def generation_step(model: Any) -> None:
-            if not self.open:
-                return step(model)  # type: ignore[no-any-return]
-            clock = self.rt.backends.device_clock if self.device is not None else None
-            if clock is None:
-                t0 = perf_counter_ns()
-                step(model)
-                self.fwd_ns = perf_counter_ns() - t0
                 return None
             t0 = perf_counter_ns()
-            tok = self._device_start(clock, t0)
-            try:
-                step(model)
-            except BaseException:
+            if self.open:  # the first turn of asynchronous batching has no update
+                self.close_step(t0, 0)
+            if self.cancelled:
+                self.cancelled.clear()
+            self.scheduled = None
+            return t0
+
+        def prepare_after(t0: int | None, ok: Any, error: BaseException | None) -> None:
+            if t0 is None or error is not None:
+                return
+            t1 = perf_counter_ns()
+            self.records = records = self.rt.thread_records()
+            self.gauges(records)
+            if ok and self.scheduled:
+                self.open_step(records, t0, t1)
+            elif self.stepping:  # idle again: what a step hook opened for this thread can close
+                self.stepping = False
+                self.rt.steps_done()
+
+        def scheduled(token: None, out: Any, error: BaseException | None) -> None:
+            if error is None:
+                self.scheduled = out[0]
+
+        def step_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if not self.open:
+                return None
+            clock = self.rt.backends.device_clock if self.device is not None else None
+            t0 = perf_counter_ns()
+            tok = self._device_start(clock, t0) if clock is not None else None
+            return (t0, clock, tok)
+
+        def step_after(token: Any, result: Any, error: BaseException | None) -> None:
+            if token is None:
+                return
+            t0, clock, tok = token
+            if error is not None:
                 if tok is not None:  # the events go back to their pool (open spans: when the loop ends)
                     clock.discard(self._device_stop(clock, tok, None))
-                raise
-            self.dev_tok = self._device_stop(clock, tok, self.stopping)
+                return
+            if clock is not None:
+                self.dev_tok = self._device_stop(clock, tok, self.stopping)
             self.fwd_ns = perf_counter_ns() - t0
-            return None
 
-        def update_batch() -> None:
+        def update_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
             if not self.open and not self.inflight:
-                return update()  # type: ignore[no-any-return]
-            t0 = perf_counter_ns()
-            update()
+                return None
+            return perf_counter_ns()
+
+        def update_after(t0: int | None, result: Any, error: BaseException | None) -> None:
+            if t0 is None or error is not None:
+                return
             t1 = perf_counter_ns()
-            try:
-                firsts, ended = self.inflight.popleft() if self.inflight else ((), None)
-                if firsts:
-                    records = self.records
-                    ttft = st.ttft
-                    for req, state in firsts:
-                        if not req.first and state.generated_tokens:  # its first token came with this update
-                            req.first = t1
-                            records.append((ttft, t1 - req.arrival))
-                            if req.span is not None:
-                                self.landed(req)
-                if ended:
-                    self.hand_over(ended)
-                if self.open:
-                    self.close_step(t1, t1 - t0)
-            except Exception as exc:
-                self.failed(exc)
-            return None
+            firsts, ended = self.inflight.popleft() if self.inflight else ((), None)
+            if firsts:
+                records = self.records
+                ttft = st.ttft
+                for req, state in firsts:
+                    if not req.first and state.generated_tokens:  # its first token came with this update
+                        req.first = t1
+                        records.append((ttft, t1 - req.arrival))
+                        if req.span is not None:
+                            self.landed(req)
+            if ended:
+                self.hand_over(ended)
+            if self.open:
+                self.close_step(t1, t1 - t0)
 
         # Why this seam and not scheduler.clear_cancelled_requests: that one runs on every step (one more
         # Python frame, ~0.15 us), this one only when a client goes away.
-        def set_request_cancellation(request_id: str) -> None:
-            set_cancel(request_id)
-            try:
+        read_cancel = _seams.ArgReader(scheduler.set_request_cancellation, SEAM_CANCEL.reads)
+
+        def cancel_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return read_cancel.get(args, kwargs, "request_id")
+
+        def cancelled(request_id: Any, result: Any, error: BaseException | None) -> None:
+            if error is None:
                 self.cancel(request_id)
-            except Exception as exc:
-                self.failed(exc)
 
-        st._patch(bp, "prepare_next_batch", prepare_next_batch)
-        st._patch(bp, "_generation_step", generation_step)
-        st._patch(bp, "update_batch", update_batch)
-        st._patch(scheduler, "schedule_batch", schedule_batch)
-        st._patch(scheduler, "set_request_cancellation", set_request_cancellation)
+        install(bp, SEAM_PREPARE, prepare_before, prepare_after)
+        install(bp, SEAM_STEP, step_before, step_after)
+        install(bp, SEAM_UPDATE, update_before, update_after)
+        install(scheduler, SEAM_SCHEDULE, after=scheduled)
+        install(scheduler, SEAM_CANCEL, cancel_before, cancelled)
         offloader = getattr(bp, "offloading_manager", None)
-        if _has(offloader, _OFFLOADER):
-            offload = _original(offloader, "offload_requests")
+        if offloader is not None and _fits(offloader, (SEAM_OFFLOAD,)):
 
-            def offload_requests(*args: Any, **kwargs: Any) -> Any:
+            def offload_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
                 scheduler = self.scheduler
-                before = len(scheduler.active_requests) if scheduler is not None else 0
-                out = offload(*args, **kwargs)
+                return len(scheduler.active_requests) if scheduler is not None else 0
+
+            def offloaded(before: int, result: Any, error: BaseException | None) -> None:
+                scheduler = self.scheduler
                 evicted = before - len(scheduler.active_requests) if scheduler is not None else 0
                 if evicted > 0:
                     self.rt.thread_records().append((st.preempted, evicted))
-                return out
 
-            st._patch(offloader, "offload_requests", offload_requests)
+            install(offloader, SEAM_OFFLOAD, offload_before, offloaded)
 
     def _bind(self, bp: Any) -> None:
         """Hold the processor's scheduler and cache while its loop runs (:meth:`release` lets go)."""
@@ -587,11 +585,6 @@ class _Loop:
             for span in spans or ():
                 span.discard()
         self.starting = self.stopping = None
-
-    def failed(self, exc: BaseException) -> None:
-        """gpuprobe's own work around a seam raised: said once; the loop goes on (its step is dropped)."""
-        self.open = False
-        self.rt.warn_once("continuous-batching", f"gpuprobe: continuous-batching telemetry failed: {exc!r}")
 
     # -- the loop --------------------------------------------------------------------------------
     def begin(self) -> None:

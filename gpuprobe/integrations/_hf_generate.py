@@ -48,15 +48,16 @@ the sync audit. Decided once when the step opens; on other steps each component 
 
 from __future__ import annotations
 
-import inspect
 import sys
 import threading
+import types
+import weakref
 from collections import deque
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
-from .. import is_enabled, memory
+from .. import _seams, is_enabled, memory
 from .._placement import tensor_device
 from ._hf_continuous import ServingState
 from ._hf_marks import STREAMER, StepMarker, StepMarks
@@ -64,7 +65,7 @@ from ._hf_spans import DecodeSpan
 from ._hf_utilization import Utilization
 from ..runtime import Runtime
 
-__all__ = ["ModelState", "STATE_KEY", "SEAMS", "seam_function", "class_function"]
+__all__ = ["ModelState", "STATE_KEY", "METHOD_SEAMS", "MethodSeam", "GROUP_CALL", "GROUP_STEPS"]
 
 STATE_KEY = "_gpuprobe_state"
 PROVIDER = "transformers"
@@ -73,28 +74,10 @@ OPERATION = "text_completion"
 # The model's label on gpuprobe's own metrics (the GenAI ones use gen_ai.request.model).
 MODEL_LABEL = "model"
 
-# The methods transformers looks up on the instance at each seam (see the module docstring).
-SEAMS = (
-    "generate",
-    "_prefill",
-    "_has_unfinished_sequences",
-    "prepare_inputs_for_generation",
-    "_update_model_kwargs_for_generation",
-    "_get_logits_processor",
-    "_get_stopping_criteria",
-    "get_compiled_call",
-    "init_continuous_batching",  # continuous batching: the manager it returns is observed (_hf_continuous)
-)
-# Seams a model class may lack (older transformers): the others are required.
-OPTIONAL_SEAMS = ("get_compiled_call", "init_continuous_batching")
-
-
-def class_function(cls: type, name: str) -> Any:
-    """``cls.<name>`` as a plain function, looking through gpuprobe's class-wide wrappers."""
-    fn = getattr(cls, name)
-    while getattr(fn, "_gpuprobe_class_wrapper", False):
-        fn = fn.__wrapped__
-    return fn
+GROUP_CALL = "transformers.generate"
+"""The switch of the generate() call's own seam (per-call metrics)."""
+GROUP_STEPS = "transformers.generate.steps"
+"""The switch of the seams inside the decoding loop (steps, components, layers): they work together."""
 
 
 def _none() -> None:
@@ -129,6 +112,7 @@ class _Call:
         "prompt_len", "batch", "cache", "layers_on", "layer_stack", "compiled", "live", "util",
         "marks", "audit",
         "call_tok", "deferred", "tok_t", "ttft_ns", "held",  # latencies of the tokens (see token_on_host)
+        "args", "kwargs", "inputs", "prev", "undo", "check_t",
     )
 
     def __init__(self, t0: int, records: deque[Any], nv: Any, clock: Any) -> None:
@@ -167,6 +151,12 @@ class _Call:
         self.tok_t = 0  # host time the last output token reached the host
         self.ttft_ns = -1  # host TTFT of this call, once the first token reached the host
         self.held: Any = None  # deferred: the last decode step's device record, until its token is known kept
+        self.args: Any = None  # the call's arguments, as passed (read, never changed)
+        self.kwargs: Any = None
+        self.inputs: Any = None  # generate()'s `inputs` parameter, read by name
+        self.prev: _Call | None = None  # the call this one runs inside on this thread (rare), put back at its end
+        self.undo: list[Any] = []  # what the call patched for its length (streamer, list elements): put back at its end
+        self.check_t = 0  # host time of the running stop check
 
 
 class ModelState:
@@ -174,9 +164,9 @@ class ModelState:
 
     def __init__(self, model: Any, rt: Runtime, *, name: str, layers: list[tuple[Any, int]],
                  layer_every: int, layer_index: bool, memory: bool, kv_cache: bool, memory_every: int,
-                 options: dict[str, Any], streamer_index: int | None = None) -> None:
+                 options: dict[str, Any]) -> None:
         self.model_name = name
-        self.streamer_index = streamer_index  # position of `streamer` in generate(*args), self excluded
+        self.model = weakref.ref(model)
         self.rt = rt
         self.options = options
         self.tls = threading.local()
@@ -184,8 +174,9 @@ class ModelState:
         self.memory = memory
         self.kv_cache = kv_cache
         self.memory_every = memory_every
-        self.originals: dict[str, Any] = {}  # seam name -> callable (bound) run underneath
-        self.saved: dict[str, Any] = {}  # seam name -> instance attribute that was there before
+        self.originals: dict[str, Any] = {}  # attribute -> callable (bound) run underneath
+        self.readers: dict[str, _seams.ArgReader] = {}  # attribute -> reads the parameters gpuprobe uses, by name
+        self.patches: list[_seams.Patch] = []  # the seams installed on the model (undone by uninstrument)
         self.decode_count = 0
         self._lock = threading.Lock()
         self._nvtx_cache: dict[tuple[str, str, int], Any] = {}
@@ -224,7 +215,8 @@ class ModelState:
         self.c_streamer = comp.child(**ml, component="streamer").apply
         self.c_other = comp.child(**ml, component="other").apply
         self._comp = comp
-        self.processors: dict[Any, tuple[Any, str, tuple[str, ...] | None]] = {}
+        self.processors: dict[Any, tuple[Any, str]] = {}  # logits processor class -> (series, name)
+        self.criteria: dict[Any, tuple[Any, str]] = {}  # stopping criterion class -> (None, name)
         self.batch = fam("gpuprobe.step.batch_size").child(**ml).apply
         self.active = fam("gpuprobe.generate.active").child(**ml).apply
         self.kv_mem = fam("gpuprobe.kv_cache.memory").child(**ml).apply
@@ -264,26 +256,32 @@ class ModelState:
                 self._nvtx_cache[key] = h
         return h
 
-    def processor_info(self, proc: Any) -> tuple[Any, str, tuple[str, ...] | None]:
-        """Series, NVTX message and extra keyword names of one logits processor (cached per class)."""
-        key = type(proc)
+    def element_info(self, element: Any, criterion: bool) -> tuple[Any, str]:
+        """Series (logits processors only) and name of one logits processor or stopping criterion,
+        cached per class (a plain function or partial: per object, named by its code)."""
+        key: Any = type(element)
         if key.__name__ in ("function", "method", "partial"):
-            key = proc
-        info = self.processors.get(key)
+            key = element
+        cache = self.criteria if criterion else self.processors
+        info = cache.get(key)
         if info is None:
             name = None
-            if key is proc:  # a plain function or partial: its (code-given) name
-                name = getattr(proc, "__qualname__", None) or getattr(getattr(proc, "func", None), "__qualname__", None)
-            name = name or type(proc).__name__
-            # Why once per class: LogitsProcessorList runs inspect.signature for every processor on every
-            # step (4 processors: 390 us per step, against 205 us here, on the test CPU).
-            params = list(inspect.signature(proc.__call__).parameters)
-            extra = tuple(params[2:]) if len(params) > 2 else None
-            child = self._comp.child(**{MODEL_LABEL: self.model_name}, component="logits_processor", processor=name)
-            info = (child.apply, name, extra)
-            if len(self.processors) < 1000:
-                self.processors[key] = info
+            if key is element:
+                name = (getattr(element, "__qualname__", None)
+                        or getattr(getattr(element, "func", None), "__qualname__", None))
+            name = name or type(element).__name__
+            child = None if criterion else self._comp.child(
+                **{MODEL_LABEL: self.model_name}, component="logits_processor", processor=name).apply
+            info = (child, name)
+            if len(cache) < 1000:
+                cache[key] = info
         return info
+
+    def observe_manager(self, manager: Any) -> None:
+        """Continuous batching: observe the manager ``init_continuous_batching`` returned (once)."""
+        if self.serving is None:
+            self.serving = ServingState(self.rt, self.model_name, self.gen_labels)
+        self.serving.observe(manager)
 
     def error_child(self, exc: BaseException) -> Any:
         name = type(exc).__qualname__
@@ -601,48 +599,49 @@ class ModelState:
             self.rt.drain()
 
     # -- the call ----------------------------------------------------------------------------
-    def generate(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        orig = self.originals["generate"]
+    def begin_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], reader: _seams.ArgReader) -> _Call | None:
+        """A generate() call starts on this thread: its context, or None when it is not measured.
+
+        Nothing of the call's arguments is changed: the streamer is timed through its own ``put``
+        (patched for the call, see :func:`_time_streamer`).
+        """
         if not is_enabled() or _compiling():
-            return orig(*args, **kwargs)
+            return None
         rt = self.rt
         backends = rt.backends
         nv = backends.nvtx if backends.nvtx.enabled else None
         ctx = _Call(perf_counter_ns(), rt.thread_records(), nv, backends.device_clock)
+        ctx.args, ctx.kwargs = args, kwargs
+        ctx.inputs = reader.get(args, kwargs, "inputs")
         if ctx.clock is not None:  # the call's start on the device of its inputs (device TTFT)
-            dev = input_device(args, kwargs)
+            dev = input_device(ctx.inputs, kwargs)
             if dev is not None and dev.type == "cuda":
                 ctx.call_tok = ctx.clock.start(dev.index if dev.index is not None else 0)
         ctx.audit = rt.settings.sync_audit
-        streamer = kwargs.get("streamer")
-        if streamer is not None:
-            kwargs["streamer"] = _TimedStreamer(streamer, ctx, self)
-        else:
-            i = self.streamer_index
-            if i is not None and len(args) > i and args[i] is not None:
-                args = (*args[:i], _TimedStreamer(args[i], ctx, self), *args[i + 1:])
         tls = self.tls
-        prev = getattr(tls, "ctx", None)
+        ctx.prev = getattr(tls, "ctx", None)
         tls.ctx = ctx
+        streamer = reader.get(args, kwargs, "streamer")
+        if streamer is not None:
+            ctx.undo.append(_time_streamer(streamer, ctx, self))
         ctx.records.append((self.active, 1))
         if nv is not None:
             nv.push(self.nvtx(nv, self.generate_message, "generate", None))
-        out: Any = None
-        err: BaseException | None = None
-        try:
-            out = orig(*args, **kwargs)
-            return out
-        except BaseException as exc:
-            err = exc
-            raise
-        finally:
-            try:
-                self._finish(ctx, args, kwargs, out, err)
-            finally:
-                tls.ctx = prev
+        return ctx
 
-    def _finish(self, ctx: _Call, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                err: BaseException | None) -> None:
+    def end_call(self, ctx: _Call, out: Any, err: BaseException | None) -> None:
+        """The call ``ctx`` returned ``out`` or raised ``err``: its samples; what it patched is put back."""
+        try:
+            self._finish(ctx, out, err)
+        finally:
+            self.tls.ctx = ctx.prev
+            ctx.args = ctx.kwargs = ctx.inputs = ctx.prev = None
+            undo, ctx.undo = ctx.undo, []
+            for restore in undo:
+                if restore is not None:
+                    restore()
+
+    def _finish(self, ctx: _Call, out: Any, err: BaseException | None) -> None:
         t1 = perf_counter_ns()
         nv = ctx.nv
         if ctx.step_open:
@@ -674,7 +673,7 @@ class ModelState:
             self.last_tokens(ctx, t1, None, failed=True)
         else:
             records.append((self.req_ok, dur))
-            n_in = input_tokens(args, kwargs)
+            n_in = input_tokens(ctx.inputs, ctx.kwargs or {})
             if n_in is None and ctx.prompt_len is not None and ctx.batch is not None:
                 n_in = ctx.prompt_len * ctx.batch
             if n_in is not None:
@@ -705,9 +704,12 @@ class ModelState:
         return (_none, ())
 
 
-def input_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Where a generate() call's inputs live (``torch.device``), or None when no tensor is found."""
-    x = args[0] if args else kwargs.get("inputs")
+def input_device(inputs: Any, kwargs: dict[str, Any]) -> Any:
+    """Where a generate() call's inputs live (``torch.device``), or None when no tensor is found.
+
+    ``inputs``: what was passed as generate()'s ``inputs`` parameter (by position or keyword).
+    """
+    x = inputs
     if x is None:
         x = kwargs.get("input_ids")
         if x is None:
@@ -735,9 +737,12 @@ def defers_stop_check(frame: Any) -> bool:
         return False
 
 
-def input_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """Prompt tokens of a generate() call from the shape of its token ids (padding included)."""
-    x = args[0] if args else kwargs.get("inputs")
+def input_tokens(inputs: Any, kwargs: dict[str, Any]) -> int | None:
+    """Prompt tokens of a generate() call from the shape of its token ids (padding included).
+
+    ``inputs``: what was passed as generate()'s ``inputs`` parameter (by position or keyword).
+    """
+    x = inputs
     if x is None:
         x = kwargs.get("input_ids")
     if x is not None:
@@ -750,6 +755,23 @@ def input_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     shape = getattr(x, "shape", None)
     if shape is not None and len(shape) == 3:
         return int(shape[0]) * int(shape[1])
+    return None
+
+
+def model_output_cache(outputs: Any) -> Any:
+    """The KV cache a forward returned, read without side effects.
+
+    transformers >= 5.24 names it ``cache`` and keeps ``past_key_values`` as a property that logs a
+    deprecation warning; earlier 5.x name it ``past_key_values``. A model output is a dict of the
+    fields that are set: read as a dict, neither name logs anything.
+    """
+    get = getattr(outputs, "get", None)
+    if get is None:
+        return None
+    for key in ("cache", "past_key_values"):
+        found = get(key)
+        if found is not None:
+            return found
     return None
 
 
@@ -771,303 +793,364 @@ def cache_bytes(cache: Any) -> int:
     return total
 
 
-# -- timed stand-ins for what transformers builds per call ---------------------------------------
+# -- timing what transformers calls inside a step: logits processors, stopping criteria, the streamer ----
 
-def _timed_logits_list(base: type) -> type:
-    class TimedLogitsProcessorList(base):  # type: ignore[misc, valid-type]
-        """A ``LogitsProcessorList`` that times each processor (same call semantics)."""
-
-        _gp_ctx: _Call | None = None
-        _gp_state: ModelState | None = None
-
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            ctx, st = self._gp_ctx, self._gp_state
-            if ctx is None or st is None or not ctx.live or not ctx.step_open:
-                return base.__call__(self, input_ids, scores, **kwargs)
-            records = ctx.records
-            nv = ctx.nv
-            marks = ctx.marks
-            info = st.processor_info
-            total = 0
-            for proc in self:
-                child, name, extra = info(proc)
-                if extra is not None and not all(a in kwargs for a in extra):
-                    raise ValueError(
-                        f"Make sure that all the required parameters: {['input_ids', 'scores', *extra]} for "
-                        f"{proc.__class__} are passed to the logits processor."
-                    )
-                if nv is not None:
-                    nv.push(st.nvtx(nv, name, "logits_processor", ctx.step))
-                if marks is not None:  # a traced or audited step: the processor's range and attribution
-                    mark = marks.begin(("logits_processor", name), name)
-                t0 = perf_counter_ns()
-                try:
-                    scores = proc(input_ids, scores, **kwargs) if extra is not None else proc(input_ids, scores)
-                finally:
-                    dt = perf_counter_ns() - t0
-                    if marks is not None:
-                        marks.end(mark)
-                    if nv is not None:
-                        nv.pop()
-                records.append((child, dt))
-                total += dt
-            ctx.lp_ns += total
-            return scores
-
-        def __reduce_ex__(self, protocol: Any) -> Any:  # copies and pickles are plain lists
-            return (base, (list(self),))
-
-    TimedLogitsProcessorList.__name__ = TimedLogitsProcessorList.__qualname__ = base.__name__
-    return TimedLogitsProcessorList
+SEAM_PROCESSOR = _seams.declare(
+    "transformers.generate.logits_processor", library="transformers", group=GROUP_STEPS, scenario="generate",
+    target="each logits processor in the list _get_logits_processor returns, for one call")
+SEAM_CRITERION = _seams.declare(
+    "transformers.generate.stopping_criterion", library="transformers", group=GROUP_STEPS, scenario="generate",
+    target="each stopping criterion in the list _get_stopping_criteria returns, for one call")
+SEAM_STREAMER = _seams.declare(
+    "transformers.generate.streamer", library="transformers", attribute="put", group=GROUP_STEPS,
+    scenario="generate", target="put() of the caller's streamer, for one call")
 
 
-def _timed_stopping_list(base: type) -> type:
-    class TimedStoppingCriteriaList(base):  # type: ignore[misc, valid-type]
-        """A ``StoppingCriteriaList`` timed as one component."""
+class _Timed:
+    """Stands in for one logits processor or stopping criterion in the list transformers built for a call.
 
-        _gp_ctx: _Call | None = None
-        _gp_state: ModelState | None = None
+    The list is transformers' own object and its own ``__call__`` runs as written (a list subclass
+    too); only its elements are these stand-ins, for the length of the call (:meth:`ModelState.end_call`
+    puts the originals back). A stand-in looks like what it holds: ``isinstance`` (through
+    ``__class__``), attributes, copies and pickles are the element's, and ``inspect.signature`` of its
+    ``__call__`` is the element's (transformers reads it to decide which keywords to pass).
+    """
 
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            ctx, st = self._gp_ctx, self._gp_state
-            if ctx is None or st is None or not ctx.live or not ctx.step_open:
-                return base.__call__(self, input_ids, scores, **kwargs)
-            nv = ctx.nv
-            if nv is not None:
-                nv.push(st.nvtx(nv, "stopping_criteria", "component", ctx.step))
-            marks = ctx.marks
-            t0 = perf_counter_ns()
-            try:
-                if marks is not None:  # a traced or audited step: each criterion's range and attribution
-                    return marks.call_criteria(self, base, input_ids, scores, kwargs)
-                return base.__call__(self, input_ids, scores, **kwargs)
-            finally:
-                dt = perf_counter_ns() - t0
-                if nv is not None:
-                    nv.pop()
-                ctx.sc_ns = (ctx.sc_ns if ctx.sc_ns > 0 else 0) + dt
+    __slots__ = ("_gp_inner", "_gp_state", "_gp_name", "_gp_child")
+    _gp_seam: _seams.Seam = SEAM_PROCESSOR
 
-        def __reduce_ex__(self, protocol: Any) -> Any:
-            return (base, (list(self),))
+    def __init__(self, inner: Any, st: ModelState, name: str, child: Any) -> None:
+        object.__setattr__(self, "_gp_inner", inner)
+        object.__setattr__(self, "_gp_state", st)
+        object.__setattr__(self, "_gp_name", name)
+        object.__setattr__(self, "_gp_child", child)
 
-    TimedStoppingCriteriaList.__name__ = TimedStoppingCriteriaList.__qualname__ = base.__name__
-    return TimedStoppingCriteriaList
-
-
-_list_classes: dict[type, type] = {}
-
-
-def timed_list(obj: Any, ctx: _Call, st: ModelState, kind: str) -> Any:
-    """Wrap the list transformers built for this call (logits processors or stopping criteria)."""
-    base = type(obj)
-    cls = _list_classes.get(base)
-    if cls is None:
-        cls = _timed_logits_list(base) if kind == "logits" else _timed_stopping_list(base)
-        _list_classes[base] = cls
-    new = cls(obj)
-    new._gp_ctx = ctx
-    new._gp_state = st
-    return new
-
-
-class _TimedStreamer:
-    """Stands in for the user's streamer during one call: times ``put`` inside steps."""
-
-    __slots__ = ("_gp_inner", "_gp_ctx", "_gp_state")
-
-    def __init__(self, inner: Any, ctx: _Call, st: ModelState) -> None:
-        self._gp_inner = inner
-        self._gp_ctx = ctx
-        self._gp_state = st
-
-    def put(self, value: Any) -> Any:
-        ctx = self._gp_ctx
-        if not ctx.step_open:  # the prompt, before the first step
-            return self._gp_inner.put(value)
-        nv = ctx.nv
-        if nv is not None:
-            nv.push(self._gp_state.nvtx(nv, "streamer", "component", ctx.step))
-        marks = ctx.marks
-        if marks is not None:
-            mark = marks.begin(STREAMER, "streamer")
-        t0 = perf_counter_ns()
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The seam's guard written out (see gpuprobe._seams.wrap): one Python call per element and step
+        # instead of three, the element runs exactly once, and gpuprobe's failure switches the seam off.
+        inner = self._gp_inner
+        st = self._gp_state
+        ctx = getattr(st.tls, "ctx", None)
+        seam = self._gp_seam
+        if ctx is None or not ctx.step_open or not seam.switch.on:
+            return inner(*args, **kwargs)
         try:
-            return self._gp_inner.put(value)
-        finally:
-            ctx.st_ns += perf_counter_ns() - t0
-            ctx.streamed = True
-            if marks is not None:
-                marks.end(mark)
+            nv = ctx.nv
             if nv is not None:
-                nv.pop()
+                nv.push(st.nvtx(nv, self._gp_message, self._gp_kind, ctx.step))
+            marks = ctx.marks
+            mark = marks.begin(self._gp_where, self._gp_range) if marks is not None else None
+            t0 = perf_counter_ns()
+        except Exception as exc:
+            seam.fail(exc)
+            return inner(*args, **kwargs)
+        try:
+            result = inner(*args, **kwargs)
+        except BaseException:
+            try:
+                self._gp_done(ctx, perf_counter_ns() - t0, mark, failed=True)
+            except Exception as exc:
+                seam.fail(exc)
+            raise
+        try:
+            self._gp_done(ctx, perf_counter_ns() - t0, mark, failed=False)
+        except Exception as exc:
+            seam.fail(exc)
+        return result
 
-    def end(self) -> Any:
-        return self._gp_inner.end()
+    def _gp_done(self, ctx: _Call, dt: int, mark: Any, failed: bool) -> None:
+        if mark is not None:
+            ctx.marks.end(mark)  # type: ignore[union-attr]
+        if ctx.nv is not None:
+            ctx.nv.pop()
+        if not failed:
+            self._gp_add(ctx, dt)
+
+    # What each kind of element is and where its time goes.
+    _gp_kind = "logits_processor"
+
+    @property
+    def _gp_message(self) -> str:  # the NVTX range: the processor's class
+        return self._gp_name
+
+    @property
+    def _gp_where(self) -> tuple[str, str]:
+        return ("logits_processor", self._gp_name)
+
+    @property
+    def _gp_range(self) -> str:
+        return self._gp_name
+
+    def _gp_add(self, ctx: _Call, dt: int) -> None:
+        ctx.records.append((self._gp_child, dt))
+        ctx.lp_ns += dt
+
+    # -- looking like the element ------------------------------------------------------------------
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # isinstance(stand_in, TopKLogitsWarper) is True
+        return type(self._gp_inner)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_gp_"):  # not set yet (a copy being built): no recursion
+        if name.startswith("_gp_"):
             raise AttributeError(name)
         return getattr(self._gp_inner, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._gp_inner, name, value)
 
-# -- the seams: functions bound to the model as instance attributes ----------------------------
+    def __reduce_ex__(self, protocol: Any) -> Any:  # copies and pickles are of the element itself
+        return self._gp_inner.__reduce_ex__(protocol)
 
-def _generate(self: Any, *args: Any, **kwargs: Any) -> Any:
-    st = self.__dict__.get(STATE_KEY)
-    if st is None:
-        return class_function(type(self), "generate")(self, *args, **kwargs)
-    return st.generate(self, args, kwargs)
+    def __repr__(self) -> str:
+        return repr(self._gp_inner)
 
 
-def _prefill(self: Any, *args: Any, **kwargs: Any) -> Any:
-    st = self.__dict__.get(STATE_KEY)
-    if st is None:
-        return class_function(type(self), "_prefill")(self, *args, **kwargs)
+class _TimedCriterion(_Timed):
+    """A stopping criterion's stand-in: its time joins the ``stopping_criteria`` component."""
+
+    __slots__ = ()
+    _gp_seam = SEAM_CRITERION
+    _gp_kind = "component"
+    _gp_message = "stopping_criteria"  # the NVTX range of the component (ncu/nsys filters name it)
+
+    @property
+    def _gp_where(self) -> tuple[str, str]:
+        return ("stopping_criteria", self._gp_name)
+
+    @property
+    def _gp_range(self) -> str:
+        return "stopping_criteria/" + self._gp_name
+
+    def _gp_add(self, ctx: _Call, dt: int) -> None:
+        ctx.sc_ns = (ctx.sc_ns if ctx.sc_ns > 0 else 0) + dt
+
+
+_stand_in_types: dict[tuple[type, type], type] = {}
+
+
+def _stand_in_type(base: type, element_type: type) -> type:
+    """A stand-in class for elements of ``element_type`` whose ``__call__`` has the element's signature.
+
+    transformers decides which keywords to pass an element from ``inspect.signature(element.__call__)``;
+    the stand-in's ``__call__`` carries ``__wrapped__`` = the element class's ``__call__``, which
+    ``inspect`` follows. One class per element class (bounded like the processor series).
+    """
+    key = (base, element_type)
+    cls = _stand_in_types.get(key)
+    if cls is None:
+        impl = base.__call__
+        call = types.FunctionType(impl.__code__, impl.__globals__, "__call__", impl.__defaults__, impl.__closure__)
+        call.__wrapped__ = element_type.__call__  # type: ignore[attr-defined]
+        call.__qualname__ = f"{element_type.__qualname__}.__call__"
+        cls = type(base.__name__, (base,), {"__slots__": (), "__call__": call, "__module__": base.__module__})
+        if len(_stand_in_types) < 1000:
+            _stand_in_types[key] = cls
+    return cls
+
+
+def _time_elements(lst: Any, ctx: _Call, st: ModelState, base: type) -> None:
+    """Put stand-ins in place of the elements of ``lst`` (transformers' list for this call); the call's
+    end puts the elements back."""
+    if not isinstance(lst, list) or not lst:
+        return
+    swapped = False
+    for i, element in enumerate(lst):
+        if isinstance(type(element), type) and issubclass(type(element), _Timed):
+            continue  # already timed (a list built once and passed again)
+        child, name = st.element_info(element, base is _TimedCriterion)
+        lst[i] = _stand_in_type(base, type(element))(element, st, name, child)
+        swapped = True
+    if swapped:
+        ctx.undo.append(lambda: _untime_elements(lst))
+
+
+def _untime_elements(lst: list[Any]) -> None:
+    for i, element in enumerate(lst):
+        if issubclass(type(element), _Timed):
+            lst[i] = element._gp_inner
+
+
+def _time_streamer(streamer: Any, ctx: _Call, st: ModelState) -> Callable[[], Any] | None:
+    """Time ``streamer.put`` inside steps for this call (the caller's streamer object itself is passed on);
+    returns what puts ``put`` back. A streamer whose attributes cannot be set is not timed."""
+    seam = SEAM_STREAMER
+    if not seam.switch.on or not hasattr(streamer, "__dict__") or _seams.is_replacement(streamer.__dict__.get("put")):
+        return None
+    if seam.check(streamer) is not None:
+        return None
+
+    def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not ctx.step_open or not ctx.live:  # the prompt, before the first step
+            return None
+        nv = ctx.nv
+        if nv is not None:
+            nv.push(st.nvtx(nv, "streamer", "component", ctx.step))
+        marks = ctx.marks
+        mark = marks.begin(STREAMER, "streamer") if marks is not None else None
+        return (perf_counter_ns(), mark)
+
+    def after(token: Any, result: Any, error: BaseException | None) -> None:
+        if token is None:
+            return
+        t0, mark = token
+        ctx.st_ns += perf_counter_ns() - t0
+        ctx.streamed = True
+        if mark is not None:
+            ctx.marks.end(mark)  # type: ignore[union-attr]
+        if ctx.nv is not None:
+            ctx.nv.pop()
+
+    patch = seam.patch(streamer, _seams.wrap(seam, streamer.put, before, after))
+    return patch.undo
+
+
+# -- the seams on each instrumented model --------------------------------------------------------
+
+def _method_seam(attribute: str, short: str, group: str = GROUP_STEPS, reads: tuple[str, ...] = (),
+                 scenario: str = "generate") -> _seams.Seam:
+    return _seams.declare(f"transformers.generate.{short}" if short else "transformers.generate",
+                          target=f"GenerationMixin.{attribute}, on each instrumented model", library="transformers",
+                          attribute=attribute, reads=reads, group=group, scenario=scenario)
+
+
+SEAM_GENERATE = _method_seam("generate", "", GROUP_CALL)
+SEAM_PREFILL = _method_seam("_prefill", "prefill", reads=("input_ids",))
+SEAM_CHECK = _method_seam("_has_unfinished_sequences", "stop_check")
+SEAM_PREPARE = _method_seam("prepare_inputs_for_generation", "prepare_inputs")
+SEAM_UPDATE = _method_seam("_update_model_kwargs_for_generation", "update_kwargs", reads=("outputs",))
+SEAM_LOGITS = _method_seam("_get_logits_processor", "logits_processors")
+SEAM_STOPPING = _method_seam("_get_stopping_criteria", "stopping_criteria")
+SEAM_COMPILED = _method_seam("get_compiled_call", "compiled_call")
+SEAM_CONTINUOUS = _method_seam("init_continuous_batching", "continuous_batching",
+                               group="transformers.continuous_batching", scenario="generate_batch")
+
+
+def _generate_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call | None:
+    return st.begin_call(args, kwargs, st.readers["generate"])
+
+
+def _generate_after(st: ModelState, ctx: _Call | None, result: Any, error: BaseException | None) -> None:
+    if ctx is not None:
+        st.end_call(ctx, result, error)
+
+
+def _prefill_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     ctx = getattr(st.tls, "ctx", None)
-    if ctx is not None and ctx.live:
-        t = perf_counter_ns()
-        if ctx.step_open:  # a second prefill in one call (unusual): close what runs
-            st.close_step(ctx, t)
-        ids = args[0] if args else kwargs.get("input_ids")
-        shape = getattr(ids, "shape", None)
-        if shape is not None and len(shape) >= 2:
-            ctx.prompt_len = int(shape[-1])
-            ctx.batch = int(shape[0])
-            ctx.records.append((st.batch, ctx.batch))
-        st.place_call(self, ctx, ids)
-        ctx.prefilled = True
-        ctx.seen_check = False
-        st.open_step(ctx, t, decode=False)
-        st.start_forward(ctx)
-    return st.originals["_prefill"](*args, **kwargs)
-
-
-def _has_unfinished_sequences(self: Any, *args: Any, **kwargs: Any) -> Any:
+    if ctx is None or not ctx.live:
+        return
     t = perf_counter_ns()
-    st = self.__dict__.get(STATE_KEY)
-    if st is None:
-        return class_function(type(self), "_has_unfinished_sequences")(self, *args, **kwargs)
+    if ctx.step_open:  # a second prefill in one call (unusual): close what runs
+        st.close_step(ctx, t)
+    ids = st.readers["_prefill"].get(args, kwargs, "input_ids")
+    shape = getattr(ids, "shape", None)
+    if shape is not None and len(shape) >= 2:
+        ctx.prompt_len = int(shape[-1])
+        ctx.batch = int(shape[0])
+        ctx.records.append((st.batch, ctx.batch))
+    st.place_call(st.model(), ctx, ids)
+    ctx.prefilled = True
+    ctx.seen_check = False
+    st.open_step(ctx, t, decode=False)
+    st.start_forward(ctx)
+
+
+def _check_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call | None:
+    t = perf_counter_ns()
     ctx = getattr(st.tls, "ctx", None)
     if ctx is None or not ctx.prefilled:
-        return st.originals["_has_unfinished_sequences"](*args, **kwargs)
+        return None
     if ctx.step_open:
         if ctx.seen_check:
             st.close_step(ctx, t)
         else:
             ctx.seen_check = True  # the check right after prefill: step 0 goes on (token selection)
-            ctx.deferred = defers_stop_check(sys._getframe(1))  # the caller: the decoding loop
-    more = st.originals["_has_unfinished_sequences"](*args, **kwargs)
-    if more and not ctx.step_open:
-        st.open_step(ctx, t, decode=True)
-    return more
+            # The decoding loop that called: this hook <- the seam's replacement <- the loop.
+            ctx.deferred = defers_stop_check(sys._getframe(2))
+    ctx.check_t = t
+    return ctx
 
 
-def _prepare_inputs_for_generation(self: Any, *args: Any, **kwargs: Any) -> Any:
-    st = self.__dict__.get(STATE_KEY)
-    if st is None:
-        return class_function(type(self), "prepare_inputs_for_generation")(self, *args, **kwargs)
+def _check_after(st: ModelState, ctx: _Call | None, more: Any, error: BaseException | None) -> None:
+    if ctx is not None and error is None and more and not ctx.step_open:
+        st.open_step(ctx, ctx.check_t, decode=True)
+
+
+def _prepare_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     ctx = getattr(st.tls, "ctx", None)
     if ctx is not None and ctx.step_open and not ctx.in_fwd and ctx.fwd_ns == 0:
         st.start_forward(ctx)
-    return st.originals["prepare_inputs_for_generation"](*args, **kwargs)
 
 
-def _update_model_kwargs_for_generation(self: Any, *args: Any, **kwargs: Any) -> Any:
+def _update_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     t = perf_counter_ns()
-    st = self.__dict__.get(STATE_KEY)
-    if st is None:
-        return class_function(type(self), "_update_model_kwargs_for_generation")(self, *args, **kwargs)
     ctx = getattr(st.tls, "ctx", None)
     if ctx is not None and ctx.in_fwd:
         st.end_forward(ctx, t)
         if ctx.cache is None:
-            outputs = args[0] if args else kwargs.get("outputs")
-            ctx.cache = getattr(outputs, "past_key_values", None)
-    return st.originals["_update_model_kwargs_for_generation"](*args, **kwargs)
+            outputs = st.readers["_update_model_kwargs_for_generation"].get(args, kwargs, "outputs")
+            ctx.cache = model_output_cache(outputs)
 
 
-def _get_logits_processor(self: Any, *args: Any, **kwargs: Any) -> Any:
-    st = self.__dict__.get(STATE_KEY)
-    if st is None:
-        return class_function(type(self), "_get_logits_processor")(self, *args, **kwargs)
-    out = st.originals["_get_logits_processor"](*args, **kwargs)
+def _logits_after(st: ModelState, token: None, result: Any, error: BaseException | None) -> None:
     ctx = getattr(st.tls, "ctx", None)
-    if ctx is not None and isinstance(out, list):
-        out = timed_list(out, ctx, st, "logits")
-    return out
+    if ctx is not None and error is None:
+        _time_elements(result, ctx, st, _Timed)
 
 
-def _get_stopping_criteria(self: Any, *args: Any, **kwargs: Any) -> Any:
-    st = self.__dict__.get(STATE_KEY)
-    if st is None:
-        return class_function(type(self), "_get_stopping_criteria")(self, *args, **kwargs)
-    out = st.originals["_get_stopping_criteria"](*args, **kwargs)
+def _stopping_after(st: ModelState, token: None, result: Any, error: BaseException | None) -> None:
     ctx = getattr(st.tls, "ctx", None)
-    if ctx is not None and isinstance(out, list):
-        out = timed_list(out, ctx, st, "stopping")
-    return out
+    if ctx is not None and error is None:
+        _time_elements(result, ctx, st, _TimedCriterion)
 
 
-def _get_compiled_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-    st = self.__dict__.get(STATE_KEY)
-    if st is None:
-        return class_function(type(self), "get_compiled_call")(self, *args, **kwargs)
+def _compiled_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     ctx = getattr(st.tls, "ctx", None)
     if ctx is not None:
         ctx.compiled = True  # forward hooks inside a compiled forward would break its graph
-    return st.originals["get_compiled_call"](*args, **kwargs)
 
 
-def _init_continuous_batching(self: Any, *args: Any, **kwargs: Any) -> Any:
-    st = self.__dict__.get(STATE_KEY)
-    if st is None:
-        return class_function(type(self), "init_continuous_batching")(self, *args, **kwargs)
-    manager = st.originals["init_continuous_batching"](*args, **kwargs)
-    try:
-        if st.serving is None:
-            st.serving = ServingState(st.rt, st.model_name, st.gen_labels)
-        return st.serving.observe(manager)
-    except Exception as exc:  # telemetry never stops the program: the manager runs unobserved
-        st.rt.warn_once("continuous-batching", f"gpuprobe: continuous batching is not measured: {exc!r}")
-        return manager
+def _continuous_after(st: ModelState, token: None, manager: Any, error: BaseException | None) -> None:
+    if error is None:
+        st.observe_manager(manager)
 
 
-_SEAM_IMPLS = {
-    "generate": _generate,
-    "_prefill": _prefill,
-    "_has_unfinished_sequences": _has_unfinished_sequences,
-    "prepare_inputs_for_generation": _prepare_inputs_for_generation,
-    "_update_model_kwargs_for_generation": _update_model_kwargs_for_generation,
-    "_get_logits_processor": _get_logits_processor,
-    "_get_stopping_criteria": _get_stopping_criteria,
-    "get_compiled_call": _get_compiled_call,
-    "init_continuous_batching": _init_continuous_batching,
-}
+class MethodSeam:
+    """A seam on a method transformers looks up on the model instance, and its hooks."""
 
-_seam_cache: dict[tuple[type, str], Any] = {}
+    __slots__ = ("seam", "before", "after", "required", "optional_reads")
 
+    def __init__(self, seam: _seams.Seam, before: Any = None, after: Any = None, required: bool = True,
+                 optional_reads: tuple[str, ...] = ()) -> None:
+        self.seam = seam
+        self.before = before
+        self.after = after
+        self.required = required  # without it, the loop's seams are not installed (per-call metrics only)
+        self.optional_reads = optional_reads  # parameters read when the method has them (no shape check)
 
-def seam_function(cls: type, name: str) -> Any:
-    """The seam function for ``cls.<name>``: named like it and wrapping it (``inspect.signature`` and
-    ``help()`` show the original), cached per class."""
-    key = (cls, name)
-    fn = _seam_cache.get(key)
-    if fn is None:
-        # A copy of the implementation's code per class: it carries the original's name and
-        # signature. Why not a wrapper: forwarding *args/**kwargs through one more frame costs
-        # 0.65 us per seam call on the test CPU (0.29 us -> 0.93 us), five times per step.
-        fn = _copy_function(_SEAM_IMPLS[name], class_function(cls, name), name)
-        _seam_cache[key] = fn
-    return fn
+    @property
+    def attribute(self) -> str:
+        return self.seam.attribute  # type: ignore[return-value]
+
+    def replacement(self, cls: type) -> Any:
+        """The function to bind to instances of ``cls`` (cached per class)."""
+        key = (cls, self.seam.name)
+        fn = _replacements.get(key)
+        if fn is None:
+            fn = _replacements[key] = _seams.wrap_method(self.seam, cls, STATE_KEY, self.before, self.after)
+        return fn
 
 
-def _copy_function(impl: Any, original: Any, name: str) -> Any:
-    import types
+_replacements: dict[tuple[type, str], Any] = {}
 
-    fn = types.FunctionType(impl.__code__, impl.__globals__, name, impl.__defaults__, impl.__closure__)
-    fn.__qualname__ = getattr(original, "__qualname__", name)
-    fn.__doc__ = getattr(original, "__doc__", None)
-    fn.__wrapped__ = original  # type: ignore[attr-defined]
-    fn.__module__ = impl.__module__
-    fn._gpuprobe_seam = True  # type: ignore[attr-defined]
-    return fn
+METHOD_SEAMS = (
+    MethodSeam(SEAM_GENERATE, _generate_before, _generate_after, optional_reads=("inputs", "streamer")),
+    MethodSeam(SEAM_PREFILL, _prefill_before),
+    MethodSeam(SEAM_CHECK, _check_before, _check_after),
+    MethodSeam(SEAM_PREPARE, _prepare_before),
+    MethodSeam(SEAM_UPDATE, _update_before),
+    MethodSeam(SEAM_LOGITS, after=_logits_after),
+    MethodSeam(SEAM_STOPPING, after=_stopping_after),
+    MethodSeam(SEAM_COMPILED, _compiled_before, required=False),
+    MethodSeam(SEAM_CONTINUOUS, after=_continuous_after, required=False),
+)
+"""The seams :func:`~gpuprobe.integrations.transformers.instrument` installs on a model, in order."""

@@ -31,7 +31,6 @@ dynamic caches, streamers, user logits processors and stopping criteria. Other d
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 import types
@@ -40,6 +39,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
+from .. import _seams
 from ..errors import ConfigError, GpuprobeError, missing
 from ..runtime import DISABLED_AT_IMPORT, runtime
 from . import _hf_generate as _g
@@ -141,12 +141,6 @@ def _check_model(model: Any) -> Any:
             f"{type(model).__qualname__} cannot generate (its can_generate() is False); "
             "instrument a model with a language-modeling head"
         )
-    for name in _g.SEAMS:
-        if name not in _g.OPTIONAL_SEAMS and not callable(getattr(type(model), name, None)):
-            raise UnsupportedVersionError(
-                f"{type(model).__qualname__} has no {name}() under transformers {version}; gpuprobe's "
-                f"transformers integration supports {SUPPORTED_VERSIONS} (tested with {TESTED_VERSION})"
-            )
     return mixin
 
 
@@ -171,31 +165,8 @@ def _check_options(model_name: Any, layers: Any, layer_every: Any, memory_every:
         raise ConfigError(f"instrument(layers=) must be True/False or a list of modules, got {layers!r}")
 
 
-def _streamer_index(generate: Any) -> int | None:
-    """Where ``streamer`` sits among ``generate``'s positional arguments (``self`` excluded), if anywhere.
-
-    Read from the signature of the class's own ``generate``, once per instrument(), so a streamer
-    passed by position is found whatever the class's parameter order.
-    """
-    try:
-        params = list(inspect.signature(generate).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if "streamer" not in positional:
-        return None
-    return positional.index("streamer") - 1  # generate is a function of (self, ...)
-
-
 _lock = threading.RLock()
 _opted_out: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _is_our_seam(value: Any, model: Any | None = None) -> bool:
-    func = getattr(value, "__func__", None)
-    if not getattr(func, "_gpuprobe_seam", False):
-        return False
-    return model is None or getattr(value, "__self__", None) is model
 
 
 def instrument(model: M, *, model_name: str | None = None, layers: bool | Iterable[Any] = False,
@@ -260,23 +231,47 @@ def instrument(model: M, *, model_name: str | None = None, layers: bool | Iterab
                 return model
             uninstrument(model)
         _opted_out.discard(model)
-        cls = type(model)
         st = _g.ModelState(model, runtime(), name=model_name or _default_name(model), layers=layer_list,
                            layer_every=layer_every, layer_index=layer_index, memory=memory, kv_cache=kv_cache,
-                           memory_every=memory_every, options=options,
-                           streamer_index=_streamer_index(_g.class_function(cls, "generate")))
-        for name in _g.SEAMS:
-            if not callable(getattr(cls, name, None)):
-                continue
-            existing = d.get(name)
-            if existing is not None and not _is_our_seam(existing):
-                st.saved[name] = existing  # someone's instance attribute: run underneath, restore later
-                st.originals[name] = existing
-            else:
-                st.originals[name] = _g.class_function(cls, name).__get__(model, cls)
-            d[name] = types.MethodType(_g.seam_function(cls, name), model)
+                           memory_every=memory_every, options=options)
+        _install(model, st)
         d[_g.STATE_KEY] = st
     return model
+
+
+def _install(model: Any, st: Any) -> None:
+    """Put the method seams on ``model`` after their shape check. A seam whose check fails is not
+    installed (``info()["seams"]`` says why); when one of the loop's seams is refused none of them is,
+    and the model gets its per-call metrics only."""
+    cls = type(model)
+    d = model.__dict__
+    chosen = []
+    refused_groups = set()
+    for ms in _g.METHOD_SEAMS:
+        seam = ms.seam
+        if not callable(getattr(cls, ms.attribute, None)):
+            if ms.required:
+                seam.refuse(f"{cls.__qualname__} has no {ms.attribute}() under transformers {check_version()}")
+                refused_groups.add(seam.group)
+            continue
+        if seam.check(cls) is not None:
+            refused_groups.add(seam.group)
+            continue
+        chosen.append(ms)
+    for ms in chosen:
+        seam = ms.seam
+        name = ms.attribute
+        if seam.group in refused_groups:
+            seam.refuse(f"not installed: another seam of {seam.group} was refused")
+            continue
+        existing = d.get(name)
+        if existing is not None and not _seams.is_replacement(existing):
+            original = existing  # someone's instance attribute: it runs underneath and comes back at uninstrument
+        else:
+            original = _seams.unwrapped(cls, name).__get__(model, cls)
+        st.originals[name] = original
+        st.readers[name] = _seams.ArgReader(original, seam.reads + ms.optional_reads)
+        st.patches.append(seam.patch(model, types.MethodType(ms.replacement(cls), model)))
 
 
 def uninstrument(model: M) -> M:
@@ -295,23 +290,20 @@ def uninstrument(model: M) -> M:
         return model
     with _lock:
         st = d.get(_g.STATE_KEY)
-        for name in _g.SEAMS:
-            cur = d.get(name)
-            if cur is None:
-                continue
-            if _is_our_seam(cur):
-                if st is not None and name in st.saved:
-                    d[name] = st.saved[name]
-                else:
-                    del d[name]
-            elif st is not None:
-                warnings.warn(f"gpuprobe: {type(model).__qualname__}.{name} was replaced after instrument(); "
-                              "left in place", RuntimeWarning, stacklevel=2)
         if st is not None:
+            for patch in reversed(st.patches):
+                if not patch.undo():
+                    warnings.warn(f"gpuprobe: {type(model).__qualname__}.{patch.seam.attribute} was replaced after "
+                                  "instrument(); left in place", RuntimeWarning, stacklevel=2)
+            st.patches.clear()
             st.remove_hooks()
             st.utilization.close()
             if st.serving is not None:
                 st.serving.close()  # continuous-batching managers get their own methods back
+        else:  # a copy of an instrumented model: its seams pass through; take them away
+            for ms in _g.METHOD_SEAMS:
+                if _seams.is_replacement(d.get(ms.attribute)):
+                    del d[ms.attribute]
         d.pop(_g.STATE_KEY, None)
         if _class_patches:
             try:
@@ -335,42 +327,89 @@ def is_instrumented(model: Any) -> bool:
 
 # -- class-wide ---------------------------------------------------------------------------------
 
-class _ClassPatch:
-    __slots__ = ("saved", "options", "instances", "saved_cb")
+SEAM_CLASS_GENERATE = _seams.declare(
+    "transformers.class.generate", library="transformers", attribute="generate", group=_g.GROUP_CALL,
+    scenario="generate", target="generate() of a model class (instrument_class, instrument_all, gpuprobe run)")
+SEAM_CLASS_CONTINUOUS = _seams.declare(
+    "transformers.class.init_continuous_batching", library="transformers", attribute="init_continuous_batching",
+    group="transformers.continuous_batching", scenario="generate_batch",
+    target="init_continuous_batching() of a model class (instrument_class, instrument_all, gpuprobe run)")
 
-    def __init__(self, saved: Any, options: dict[str, Any]) -> None:
-        self.saved = saved
+
+class _ClassPatch:
+    """What instrument_class() did to one class: its patches, options and the instances it instrumented."""
+
+    __slots__ = ("patches", "options", "instances")
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.patches: list[_seams.Patch] = []
         self.options = options
         self.instances: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.saved_cb: Any = _MISSING  # the class's own init_continuous_batching, if it had one
 
 
-_CB = "init_continuous_batching"
+def _first_use(cls: type, patch: _ClassPatch, model: Any) -> Any:
+    """The model's state, instrumenting it at its first use under class-wide instrumentation; None when it
+    stays uninstrumented (opted out, the class patch is gone, or it cannot be instrumented)."""
+    st = model.__dict__.get(_g.STATE_KEY)
+    if st is not None:
+        return st
+    if model in _opted_out or _class_patches.get(cls) is not patch:
+        return None
+    try:
+        instrument(model, **patch.options)
+    except GpuprobeError as exc:  # a class that cannot be measured: it runs as it is, said once
+        runtime().warn_once(f"instrument:{type(model).__qualname__}",
+                            f"gpuprobe: {type(model).__qualname__} is not instrumented: {exc}")
+        _opted_out.add(model)
+        return None
+    patch.instances.add(model)
+    return model.__dict__.get(_g.STATE_KEY)
 
 
-def _continuous_batching_wrapper(cls: type, patch: _ClassPatch) -> Any:
+def _class_generate(cls: type, patch: _ClassPatch, original: Any) -> Any:
+    """``cls.generate`` for class-wide instrumentation: the model is instrumented at its first call.
+
+    The call runs ``original`` (the class's own ``generate``) exactly once, with the caller's arguments.
+    A call that arrives inside a measured call (a subclass's own ``generate()`` calling
+    ``super().generate()`` after the first call) is measured by the outer one. The very first call of a
+    model whose class overrides ``generate()`` arrives here through ``super()``: that call is measured
+    here; later calls are measured at the model's own ``generate()`` (the outermost).
+    """
+    reader = _seams.ArgReader(original, ("inputs", "streamer"))
+
+    def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        model = args[0]
+        st = _first_use(cls, patch, model)
+        if st is None or st.current() is not None:
+            return None
+        ctx = st.begin_call(args, kwargs, reader)
+        return None if ctx is None else (st, ctx)
+
+    def after(token: Any, result: Any, error: BaseException | None) -> None:
+        if token is not None:
+            token[0].end_call(token[1], result, error)
+
+    fn = _seams.wrap(SEAM_CLASS_GENERATE, original, before, after)
+    fn._gpuprobe_class_wrapper = True  # type: ignore[attr-defined]
+    return fn
+
+
+def _class_continuous_batching(cls: type, patch: _ClassPatch, original: Any) -> Any:
     """``cls.init_continuous_batching`` that instruments the model first (continuous batching never
-    calls ``generate()``, so a model served that way is instrumented here)."""
-    original = _g.class_function(cls, _CB)
+    calls ``generate()``, so a model served that way is instrumented here) and observes the manager."""
 
-    def init_continuous_batching(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.__dict__.get(_g.STATE_KEY) is None and self not in _opted_out and _class_patches.get(cls) is patch:
-            instrument(self, **patch.options)
-            patch.instances.add(self)
-        seam = self.__dict__.get(_CB)
-        if _is_our_seam(seam, self):
-            return seam(*args, **kwargs)
-        return original(self, *args, **kwargs)
+    def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return _first_use(cls, patch, args[0])
 
-    init_continuous_batching.__name__ = _CB
-    init_continuous_batching.__qualname__ = getattr(original, "__qualname__", _CB)
-    init_continuous_batching.__doc__ = original.__doc__
-    init_continuous_batching.__wrapped__ = original  # type: ignore[attr-defined]
-    init_continuous_batching._gpuprobe_class_wrapper = True  # type: ignore[attr-defined]
-    return init_continuous_batching
+    def after(st: Any, manager: Any, error: BaseException | None) -> None:
+        if st is not None and error is None:
+            st.observe_manager(manager)
+
+    fn = _seams.wrap(SEAM_CLASS_CONTINUOUS, original, before, after)
+    fn._gpuprobe_class_wrapper = True  # type: ignore[attr-defined]
+    return fn
 
 
-_MISSING = object()
 _class_patches: dict[type, _ClassPatch] = {}
 
 
@@ -420,34 +459,12 @@ def instrument_class(cls: C | None = None, **options: Any) -> C:
         if patch is not None:
             patch.options = dict(options)
             return cls
-        saved = cls.__dict__.get("generate", _MISSING)
-        original = _g.class_function(cls, "generate")
-        patch = _ClassPatch(saved, dict(options))
-
-        def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
-            st = self.__dict__.get(_g.STATE_KEY)
-            if st is None:
-                if self in _opted_out or _class_patches.get(cls) is not patch:
-                    return original(self, *args, **kwargs)
-                instrument(self, **patch.options)
-                patch.instances.add(self)
-                st = self.__dict__.get(_g.STATE_KEY)
-                if st is None:
-                    return original(self, *args, **kwargs)
-            if st.current() is not None:
-                # Reached through super().generate() from inside an instrumented call: go on down.
-                return original(self, *args, **kwargs)
-            return st.generate(self, args, kwargs)
-
-        generate.__name__ = "generate"
-        generate.__qualname__ = getattr(original, "__qualname__", "generate")
-        generate.__doc__ = original.__doc__
-        generate.__wrapped__ = original  # type: ignore[attr-defined]
-        generate._gpuprobe_class_wrapper = True  # type: ignore[attr-defined]
-        type.__setattr__(cls, "generate", generate)
-        if callable(getattr(cls, _CB, None)):
-            patch.saved_cb = cls.__dict__.get(_CB, _MISSING)
-            type.__setattr__(cls, _CB, _continuous_batching_wrapper(cls, patch))
+        patch = _ClassPatch(dict(options))
+        for seam, make in ((SEAM_CLASS_GENERATE, _class_generate), (SEAM_CLASS_CONTINUOUS, _class_continuous_batching)):
+            if seam.check(cls) is not None:
+                continue
+            original = _seams.unwrapped(cls, seam.attribute)  # type: ignore[arg-type]
+            patch.patches.append(seam.patch(cls, make(cls, patch, original), on_class=True))
         _class_patches[cls] = patch
     return cls
 
@@ -465,16 +482,8 @@ def uninstrument_class(cls: C | None = None) -> C:
         patch = _class_patches.pop(cls, None)
         if patch is None:
             return cls
-        if patch.saved is _MISSING:
-            if "generate" in cls.__dict__:
-                type.__delattr__(cls, "generate")
-        else:
-            type.__setattr__(cls, "generate", patch.saved)
-        if getattr(cls.__dict__.get(_CB), "_gpuprobe_class_wrapper", False):
-            if patch.saved_cb is _MISSING:
-                type.__delattr__(cls, _CB)
-            else:
-                type.__setattr__(cls, _CB, patch.saved_cb)
+        for p in reversed(patch.patches):
+            p.undo()
         for inst in list(patch.instances):
             uninstrument(inst)
         if not _class_patches:

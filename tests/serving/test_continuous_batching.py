@@ -271,10 +271,15 @@ def test_a_failure_of_gpuprobe_inside_the_loop_is_warned_once_and_generation_goe
 
     monkeypatch.setattr(_hf_continuous._Loop, "open_step", broken)
     monkeypatch.setattr(_hf_continuous._Loop, "finish", broken)
-    with pytest.warns(RuntimeWarning, match="continuous-batching telemetry failed: ZeroDivisionError"):
+    with pytest.warns(RuntimeWarning, match=r"seam transformers\.continuous_batching\.\w+ .* failed with "
+                                             r"ZeroDivisionError: a bug in gpuprobe.*is off for this process"):
         out = _generate(model, _prompts())
     assert [len(o.generated_tokens) for o in out.values()] == [8] * len(PROMPT_LENGTHS)
     assert all(o.error is None for o in out.values())
+    # The whole continuous-batching group switched itself off, once, and says so.
+    states = {s["seam"]: s["state"] for s in gpuprobe.info()["seams"]}
+    assert {v for k, v in states.items() if k.startswith("transformers.continuous_batching.")} == {"off"}
+    assert _sum("gpuprobe.seam.disabled") == 1
 
 
 def test_gpuprobe_disable_records_nothing(model: Any) -> None:
@@ -302,7 +307,7 @@ def test_on_a_gpu_the_step_is_timed_on_the_processors_compute_stream(sim: Any) -
     state._status, state.generated_tokens, state.position_offset = RequestStatus.DECODING, [6], 3
     batch = [FutureRequestState(state, True, {}, 1)]
     scheduler = _Obj(active_requests={"r0": state}, waiting_requests={},
-                     schedule_batch=lambda *a: (batch, True, 1, 0), set_request_cancellation=lambda rid: None)
+                     schedule_batch=lambda *a: (batch, True, 1, 0), set_request_cancellation=lambda request_id: None)
     pool = _Obj(free_sectors=[1, 2], count_free_blocks=lambda index: 0)
     cache = _Obj(pool=pool, num_sectors=4, bytes_per_sector=64, num_blocks=4,
                  cache_allocators={"full": _Obj(index=0, bytes_per_block=64, ledger=None)})
@@ -316,7 +321,7 @@ def test_on_a_gpu_the_step_is_timed_on_the_processors_compute_stream(sim: Any) -
                      inputs_and_outputs=_Obj(compute_stream=compute),
                      prepare_next_batch=prepare, update_batch=lambda: None,
                      _generation_step=lambda model: sim.launch(3_000_000, "forward", stream=compute))
-    router = _Obj(deliver=lambda o: None, deliver_batch=lambda o: None)
+    router = _Obj(deliver=lambda output: None, deliver_batch=lambda outputs: None)
     manager = _Obj(output_router=router, _create_batch_processor=lambda: processor, _run_generation_loop=lambda: None)
     rt = runtime()
     serving = ServingState(rt, MODEL, {"gen_ai.request.model": MODEL})

@@ -20,6 +20,7 @@ What is checked, and against what:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 import pytest
@@ -171,7 +172,10 @@ def _stop_when_done(manager: Any) -> None:
 
 def _run_loop(manager: Any) -> None:
     """The manager's generation loop, on this thread (deterministic), until a stop asked for is done."""
-    manager._run_generation_loop()
+    # transformers >= 5.24 passes use_inference_mode; earlier 5.x take no argument.
+    loop = type(manager)._run_generation_loop
+    takes_mode = "use_inference_mode" in inspect.signature(loop).parameters
+    manager._run_generation_loop(**({"use_inference_mode": True} if takes_mode else {}))
 
 
 def test_device_ttft_and_inter_token_latency_follow_the_gpus_timeline(
@@ -278,7 +282,7 @@ class AsyncProcessor:
         self.copies: list[Any] = []
         self.timeline = Timeline()
         self.scheduler = _Obj(active_requests=states, waiting_requests={}, schedule_batch=self._schedule,
-                              set_request_cancellation=lambda rid: None)
+                              set_request_cancellation=lambda request_id: None)
         pool = _Obj(free_sectors=[1, 2], count_free_blocks=lambda index: 0)
         self.cache = _Obj(pool=pool, num_sectors=4, bytes_per_sector=64, num_blocks=4,
                           cache_allocators={"full": _Obj(index=0, bytes_per_block=64, ledger=None)})
@@ -349,7 +353,7 @@ def test_with_asynchronous_batching_the_first_token_is_confirmed_a_turn_later(
     plan = [[("a", 6, True)], [("a", 0, True)], [("a", 0, True), ("b", 5, True)], [("a", 0, True), ("b", 0, True)]]
     bp = AsyncProcessor(sim, plan, work=W, launch=L, copy=C, states=states)
     timeline = bp.timeline
-    router = _Obj(deliver=lambda o: None, deliver_batch=lambda o: None)
+    router = _Obj(deliver=lambda output: None, deliver_batch=lambda outputs: None)
     manager = _Obj(output_router=router, _create_batch_processor=lambda: bp, _run_generation_loop=lambda: None)
     serving = ServingState(runtime(), MODEL, {"gen_ai.request.model": MODEL})
     serving.observe(manager)
@@ -402,7 +406,7 @@ def test_a_request_that_never_gets_its_first_token_gives_its_events_back(simcuda
     states = {"long": RequestState(request_id="long", initial_tokens=[3] * 40, max_new_tokens=4)}
     plan = [[("long", 16, False)], [("long", 16, False)]]
     bp = AsyncProcessor(sim, plan, work=1 * MS, launch=100 * US, copy=10 * US, states=states)
-    manager = _Obj(output_router=_Obj(deliver=lambda o: None, deliver_batch=lambda o: None),
+    manager = _Obj(output_router=_Obj(deliver=lambda output: None, deliver_batch=lambda outputs: None),
                    _create_batch_processor=lambda: bp, _run_generation_loop=lambda: None)
     serving = ServingState(runtime(), MODEL, {"gen_ai.request.model": MODEL})
     serving.observe(manager)

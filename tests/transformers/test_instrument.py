@@ -26,7 +26,7 @@ def ttft_count(model_name: str | None = None) -> int:
 
 
 def seams(model) -> dict[str, object]:
-    return {name: model.__dict__.get(name) for name in _hf_generate.SEAMS}
+    return {ms.attribute: model.__dict__.get(ms.attribute) for ms in _hf_generate.METHOD_SEAMS}
 
 
 def test_uninstrument_restores_outputs_methods_and_hooks(make_model):
