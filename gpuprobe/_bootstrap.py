@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import config
+from ._seams import declare
 from .errors import ConfigError
 
 __all__ = ["switch_on", "instrument_options", "LAYERS_ENV"]
@@ -31,6 +32,13 @@ LAYERS_ENV = "GPUPROBE_RUN_LAYERS"
 """Time decoder layers on one decode step in this many (``gpuprobe run --layers N``); unset: off."""
 
 _parse_layers = config._int(1)
+
+SEAM = declare(
+    "python.run_import_hook", library="python", scenario="run",
+    target="the loader of transformers.generation.utils, under gpuprobe run (its sitecustomize's post-import hook)")
+"""The post-import hook of ``gpuprobe run``. Its code is the stdlib-only ``_sitecustomize`` module (a
+Python process pays ~3 ms for it at start-up instead of ~45 ms for importing gpuprobe); the real
+loader runs first and untouched, and :func:`switch_on` never raises."""
 
 
 def instrument_options(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -76,9 +84,11 @@ def switch_on(environ: Mapping[str, str] | None = None) -> bool:
         runtime()  # starts /metrics and whatever else the GPUPROBE_* settings ask for
     except ConfigError as exc:
         _say(f"{exc}; the program runs without gpuprobe")
+        SEAM.refuse(str(exc))
         return False
     except Exception as exc:
         _say(f"gpuprobe could not be switched on in this process ({type(exc).__name__}: {exc}); "
              "the program runs without it")
+        SEAM.fail(exc, report=False)
         return False
     return True

@@ -19,7 +19,18 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CaptureGuard"]
+from ._seams import Patch, declare, wrap
+
+__all__ = ["CaptureGuard", "SEAM_BEGIN", "SEAM_END"]
+
+# A failure of the guard's own counting switches both off together: a half-counted capture is worse
+# than none (timings are then read as if no capture ran, which is what a process without gpuprobe does).
+SEAM_BEGIN = declare("torch.cuda_graph.capture_begin", library="torch", attribute="capture_begin",
+                     group="torch.cuda_graph", scenario="cuda_graph",
+                     target="torch.cuda.CUDAGraph.capture_begin (the class)")
+SEAM_END = declare("torch.cuda_graph.capture_end", library="torch", attribute="capture_end",
+                   group="torch.cuda_graph", scenario="cuda_graph",
+                   target="torch.cuda.CUDAGraph.capture_end (the class)")
 
 
 class CaptureGuard:
@@ -35,7 +46,7 @@ class CaptureGuard:
         self.lock = threading.Lock()
         self.underway = 0  # read without the lock on the hot path: a plain int load
         self._graph_cls: Any = None
-        self._originals: dict[str, tuple[Any, bool]] = {}  # name -> (original, defined on the class itself)
+        self._patches: list[Patch] = []
         self._before: tuple[Callable[[], None], ...] = ()
 
     def add_before_capture(self, fn: Callable[[], None]) -> None:
@@ -51,58 +62,48 @@ class CaptureGuard:
         if self._graph_cls is graph_cls:
             return
         self.uninstall()
-        begin = getattr(graph_cls, "capture_begin", None)
-        end = getattr(graph_cls, "capture_end", None)
-        if begin is None or end is None:
+        if SEAM_BEGIN.check(graph_cls) is not None or SEAM_END.check(graph_cls) is not None:
             return
         guard = self
 
-        def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
+        def begin_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             for before in guard._before:
                 try:
                     before()
-                except Exception:  # telemetry never breaks the program's capture
+                except Exception:  # a warm-up that fails leaves the capture as it is
                     pass
             with guard.lock:  # waits for a reading of device timings to finish
                 guard.underway += 1
-            try:
-                return begin(graph, *args, **kwargs)
-            except BaseException:
+
+        def begin_after(token: None, result: Any, error: BaseException | None) -> None:
+            if error is not None:  # the capture never began
                 with guard.lock:
                     guard.underway -= 1
-                raise
 
-        def capture_end(graph: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return end(graph, *args, **kwargs)
-            finally:
-                with guard.lock:
-                    guard.underway = max(0, guard.underway - 1)
+        def end_after(token: None, result: Any, error: BaseException | None) -> None:
+            with guard.lock:
+                guard.underway = max(0, guard.underway - 1)
 
-        originals = {}
-        for name, wrapper, original in (("capture_begin", capture_begin, begin), ("capture_end", capture_end, end)):
-            originals[name] = (original, name in graph_cls.__dict__)
-            wrapper.__name__ = name
-            wrapper.__qualname__ = getattr(original, "__qualname__", name)
-            wrapper.__doc__ = getattr(original, "__doc__", None)
-            wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-            setattr(graph_cls, name, wrapper)
-        self._originals = originals
+        self._patches = [
+            SEAM_BEGIN.patch(graph_cls, wrap(SEAM_BEGIN, graph_cls.capture_begin, begin_before, begin_after),
+                             on_class=True),
+            SEAM_END.patch(graph_cls, wrap(SEAM_END, graph_cls.capture_end, after=end_after), on_class=True),
+        ]
         self._graph_cls = graph_cls
+        when_off = SEAM_BEGIN.switch.when_off
+        if self._forget not in when_off:
+            when_off.append(self._forget)
+
+    def _forget(self) -> None:
+        """The guard's seams switched off: no capture is counted any more (as in a process without it)."""
+        self.underway = 0
 
     def uninstall(self) -> None:
         """Put the original methods back (only where they are still gpuprobe's wrappers)."""
-        cls, originals = self._graph_cls, self._originals
-        self._graph_cls, self._originals = None, {}
-        if cls is None:
-            return
-        for name, (original, own) in originals.items():
-            current = cls.__dict__.get(name)
-            if getattr(current, "__wrapped__", None) is original:
-                if own:
-                    setattr(cls, name, original)
-                else:
-                    delattr(cls, name)  # it was inherited: let inheritance show through again
+        patches, self._patches = self._patches, []
+        self._graph_cls = None
+        for patch in reversed(patches):
+            patch.undo()
 
     def reset_after_fork(self) -> None:
         """In a forked child: no capture of the parent runs here, and the lock may have been held."""

@@ -41,7 +41,7 @@ from typing import Any
 
 __all__ = [
     "Seam", "Switch", "Patch", "ArgReader", "declare", "registry", "seam", "set_reporter", "reset",
-    "wrap", "wrap_method", "unwrapped", "is_replacement", "status", "MISSING",
+    "wrap", "wrap_method", "unwrapped", "is_replacement", "status", "inject_fault", "MISSING",
 ]
 
 MISSING: Any = object()
@@ -55,12 +55,15 @@ _lock = threading.RLock()
 class Switch:
     """On/off for the seams of one group; read on every call (a plain attribute load)."""
 
-    __slots__ = ("on", "group", "why")
+    __slots__ = ("on", "group", "why", "when_off")
 
     def __init__(self, group: str) -> None:
         self.on = True
         self.group = group
         self.why: str | None = None  # why it is off: the seam and the exception
+        # Called (without arguments) when the switch goes off: state kept by the seams' hooks that must
+        # not outlive them (a capture counted as begun whose end will not be counted).
+        self.when_off: list[Callable[[], None]] = []
 
 
 _switches: dict[str, Switch] = {}
@@ -82,7 +85,7 @@ class Seam:
     """
 
     __slots__ = ("name", "target", "library", "attribute", "reads", "group", "scenario", "switch",
-                 "refused", "installs", "failures", "__weakref__")
+                 "refused", "installs", "failures", "replacements", "__weakref__")
 
     def __init__(self, name: str, *, target: str, library: str, attribute: str | None = None,
                  reads: tuple[str, ...] = (), group: str | None = None, scenario: str = "") -> None:
@@ -101,6 +104,7 @@ class Seam:
         self.refused: str | None = None  # the last shape mismatch: not installed, and why
         self.installs = 0  # patches in place now
         self.failures = 0
+        self.replacements: weakref.WeakSet[Any] = weakref.WeakSet()  # built by wrap()/wrap_method()
 
     @property
     def on(self) -> bool:
@@ -132,10 +136,11 @@ class Seam:
         self.refused = why
 
     # -- while installed --------------------------------------------------------------------------
-    def fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException, *, report: bool = True) -> None:
         """gpuprobe's own work around this seam raised: the seam's switch goes off for the process.
 
-        Never raises. Counted and warned once through the reporter the runtime set.
+        Never raises. Counted and warned once through the reporter the runtime set (``report=False``:
+        the caller has said it already).
         """
         try:
             switch = self.switch
@@ -144,7 +149,14 @@ class Seam:
                 return
             switch.on = False
             switch.why = f"{self.name}: {type(exc).__name__}: {exc}"
+            for forget in list(switch.when_off):
+                try:
+                    forget()
+                except Exception:
+                    pass
             reporter = _reporter
+            if not report:
+                return
             if reporter is not None:
                 reporter(self, exc)
             else:
@@ -341,10 +353,51 @@ def _make(seam: Seam, method: bool, before: Any, after: Any, names: dict[str, An
     if code is None:
         code = _compiled[shape] = compile(_replacement_source(*shape), "<gpuprobe seam>", "exec")
     scope = {"switch": seam.switch, "fail": seam.fail, "before": before, "after": after, **names}
+    fault = _faults.get(seam.name)
+    if fault is not None:
+        _inject(scope, fault)
     exec(code, scope)  # noqa: S102 - gpuprobe's own template, no outside text
     fn = scope["replacement"]
     fn._gpuprobe_seam = seam
+    seam.replacements.add(fn)
     return fn
+
+
+# -- faults, for the fail-open tests (gpuprobe.testing.seam_fault) -------------------------------------
+
+_faults: dict[str, BaseException] = {}
+
+
+def _inject(scope: dict[str, Any], fault: BaseException) -> None:
+    """Make the hooks of one replacement raise ``fault``: its before hook, else its after hook."""
+    name = "before" if scope["before"] is not None else "after"
+    hook = scope[name]
+    scope.setdefault("_gp_healthy_" + name, hook)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise fault
+
+    scope[name] = broken
+
+
+def inject_fault(name: str, fault: BaseException | None) -> None:
+    """Make gpuprobe's own work in seam ``name`` raise ``fault`` (None: heal it again), in the
+    replacements built so far and those built later. For tests that prove a seam fails open."""
+    s = seam(name)
+    with _lock:
+        if fault is None:
+            _faults.pop(name, None)
+        else:
+            _faults[name] = fault
+    for fn in list(s.replacements):
+        scope = fn.__globals__
+        if fault is None:
+            for hook in ("before", "after"):
+                healthy = scope.pop("_gp_healthy_" + hook, None)
+                if healthy is not None:
+                    scope[hook] = healthy
+        else:
+            _inject(scope, fault)
 
 
 def wrap(seam: Seam, original: Callable[..., Any], before: Callable[..., Any] | None = None,

@@ -21,8 +21,8 @@ The first time a ``(component, processor, op)`` is seen in the process, the Pyth
 ran it (the nearest frame outside torch, transformers and gpuprobe) is warned about once and kept in
 :class:`SyncSites` (the last 20 are in ``gpuprobe.info()["sync_sites"]``).
 
-torch is imported only when an audit is made; this module imports nothing of gpuprobe but the leaf
-:mod:`gpuprobe._placement`, so the runtime can hold a :class:`SyncSites`.
+torch is imported only when an audit is made; this module imports nothing of gpuprobe but the leaves
+:mod:`gpuprobe._placement` and :mod:`gpuprobe._seams`, so the runtime can hold a :class:`SyncSites`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ._placement import tensor_device
+from ._seams import declare
+
+SEAM_KERNELS = declare(
+    "torch.sync_audit.kernels", library="torch", scenario="sync_audit",
+    target="PreDispatch kernels of the synchronising ATen operators (aten::_local_scalar_dense, nonzero, ...)")
 
 __all__ = ["SYNC_OPS", "SyncAudit", "SyncSites", "active", "new_audit", "op_name", "source_line", "flush"]
 
@@ -198,17 +203,20 @@ def _build() -> None:
 def _kernel(op: Any, check: Any, raw: Any, exclude: Any, keys: Any) -> Callable[..., Any]:
     """The PreDispatch kernel of ``op``: count it for the thread's audits, then run it, unseen below."""
 
+    # The seam's guard written out (see gpuprobe._seams.wrap): Dynamo skips this one code object, shared
+    # by every kernel, which a replacement built from the seams' template would share with other seams.
+    switch, fail = SEAM_KERNELS.switch, SEAM_KERNELS.fail
+
     def kernel(*args: Any, **kwargs: Any) -> Any:
         audits = getattr(_local, "audits", None)
-        if audits:
+        if audits and switch.on:
             try:
-                counted = check is None or check(args, kwargs)
-            except Exception:  # an odd call shape: not counted rather than breaking the program
-                counted = False
-            # Not under a fake-tensor mode (Dynamo tracing a graph, shape propagation): nothing runs.
-            if counted and _fake_mode() is None:
-                for audit in audits:
-                    audit.hit(op)
+                # Not under a fake-tensor mode (Dynamo tracing a graph, shape propagation): nothing runs.
+                if (check is None or check(args, kwargs)) and _fake_mode() is None:
+                    for audit in audits:
+                        audit.hit(op)
+            except Exception as exc:  # gpuprobe's own failure: the audit is off, the operator runs
+                fail(exc)
         # From the top again with the key excluded: the operator runs as without the audit, and what
         # it runs inside (nonzero inside index, copy_ inside _to_copy) is not counted a second time.
         with exclude(keys):
@@ -240,6 +248,8 @@ class SyncAudit:
             raise RuntimeError("pre-dispatch tracing (torch.export) is underway on this thread")
         if len(_hops) != _hops_seen:
             _let_hops_through()
+        if not SEAM_KERNELS.switch.on:  # switched off after a failure of its own: this audit counts nothing
+            return self
         guard = _include(_pre_dispatch)
         guard.__enter__()
         self._guard = guard
@@ -285,7 +295,10 @@ def _let_hops_through() -> None:
                 if _pre_dispatch in hop.py_kernels:
                     continue
                 hop.py_impl(_pre_dispatch)(_hop_kernel(hop))
-            except Exception:  # an operator of another shape: left as torch made it
+            except Exception as exc:
+                # A higher-order operator without a kernel would raise at PreDispatch inside an audit: the
+                # audit is switched off instead (no thread includes the key any more).
+                SEAM_KERNELS.fail(exc)
                 continue
         _hops_seen = len(_hops)
 

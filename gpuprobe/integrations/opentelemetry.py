@@ -21,6 +21,7 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
+from .._seams import declare
 from ..errors import GpuprobeError, missing
 from ..runtime import DISABLED_AT_IMPORT, runtime
 
@@ -33,6 +34,9 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
 __all__ = ["GpuprobeInstrumentor"]
 
 _log = logging.getLogger("gpuprobe")
+
+SEAM = declare("opentelemetry.instrumentor", library="opentelemetry", scenario="otel",
+               target="GpuprobeInstrumentor._instrument, called by opentelemetry-instrument at start-up")
 
 # Keywords of instrument() passed on to instrument_all() (see gpuprobe.integrations.transformers.instrument).
 _OPTIONS = ("layers", "layer_every", "layer_index", "memory", "kv_cache", "memory_every")
@@ -74,9 +78,18 @@ class GpuprobeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             instrument_all(**options)
         except GpuprobeError as exc:
             _log.warning("gpuprobe: transformers is not instrumented: %s", exc)
+            SEAM.refuse(str(exc))
+            return
+        except Exception as exc:  # gpuprobe's own failure never stops the program opentelemetry-instrument runs
+            _log.warning("gpuprobe: transformers is not instrumented: %s: %s", type(exc).__name__, exc)
+            SEAM.fail(exc)
             return
         self._patched = True
-        self._bridge = MeterProviderBridge(provider).attach(runtime(), owner="user")
+        try:
+            self._bridge = MeterProviderBridge(provider).attach(runtime(), owner="user")
+        except Exception as exc:
+            _log.warning("gpuprobe: metrics are not fed to the MeterProvider: %s: %s", type(exc).__name__, exc)
+            SEAM.fail(exc)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         from .transformers import uninstrument_all

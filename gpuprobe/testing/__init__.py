@@ -9,15 +9,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
+from collections.abc import Iterator
 from typing import Any
 
-from .. import _probe, config
+from .. import _probe, _seams, config
 from .._metrics import MetricData
 from ..runtime import DISABLED_AT_IMPORT, Runtime, runtime
 
-__all__ = ["InMemoryExporter", "Observation", "reset"]
+__all__ = ["InMemoryExporter", "Observation", "reset", "seam_fault", "seams"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,3 +118,34 @@ def reset(**settings: Any) -> None:
     runtime().reset(cfg)
     if not DISABLED_AT_IMPORT:
         _probe.enable()
+
+
+def seams() -> list[str]:
+    """The names of every seam gpuprobe can put into another library (declared by the modules imported).
+
+    Example:
+        >>> import gpuprobe.integrations.transformers
+        >>> from gpuprobe.testing import seams
+        >>> "transformers.generate" in seams()
+        True
+    """
+    return [s.name for s in _seams.registry()]
+
+
+@contextlib.contextmanager
+def seam_fault(name: str, fault: BaseException | None = None) -> Iterator[None]:
+    """While entered, gpuprobe's own work inside seam ``name`` raises ``fault`` (a ``RuntimeError`` by
+    default): the seam must switch itself off and leave the program's results as they were.
+
+    Only for the seams built from gpuprobe's seam template (see ``docs/architecture.md``).
+
+    Example:
+        >>> from gpuprobe.testing import seam_fault
+        >>> with seam_fault("transformers.generate"):
+        ...     pass  # model.generate(...) returns what it returns without gpuprobe
+    """
+    _seams.inject_fault(name, fault if fault is not None else RuntimeError(f"a fault injected into {name}"))
+    try:
+        yield
+    finally:
+        _seams.inject_fault(name, None)
