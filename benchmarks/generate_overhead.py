@@ -167,7 +167,8 @@ def seam_cost(steps: int = 3000, rounds: int = 7) -> dict[str, float]:
         ctx = g._Call(time.perf_counter_ns(), rt.thread_records(), None, None)
         st.tls.ctx = ctx
         lp, sc = processors()
-        lp, sc = g.timed_list(lp, ctx, st, "logits"), g.timed_list(sc, ctx, st, "stopping")
+        g._time_elements(lp, ctx, st, g._Timed)
+        g._time_elements(sc, ctx, st, g._TimedCriterion)
         model._prefill(ids, None, {})
         model._has_unfinished_sequences(False, False, None)
         model._update_model_kwargs_for_generation(None, {})

@@ -236,9 +236,21 @@ def _boom(*args: Any, **kwargs: Any) -> Any:
     raise RuntimeError("a fault injected into gpuprobe")
 
 
-def _break_stand_in(attr: str) -> Callable[[pytest.MonkeyPatch], None]:
+def _break_stand_in(kind: str) -> Callable[[pytest.MonkeyPatch], None]:
+    """The clock read inside a stand-in's __call__ raises there (and only there), for one kind of element."""
+    import sys
+
+    code = _hf_generate._Timed.__call__.__code__  # every stand-in class runs a copy of this code object
+    clock = _hf_generate.perf_counter_ns
+
     def breaker(mp: pytest.MonkeyPatch) -> None:
-        mp.setattr(getattr(_hf_generate, attr), "_gp_add", _boom)
+        def perf_counter_ns() -> int:
+            caller = sys._getframe(1)
+            if caller.f_code is code and (caller.f_locals["self"]._gp_child is None) == (kind == "criterion"):
+                raise RuntimeError("a fault injected into gpuprobe")
+            return clock()
+
+        mp.setattr(_hf_generate, "perf_counter_ns", perf_counter_ns)
     return breaker
 
 
@@ -258,8 +270,8 @@ def _break_otel(mp: pytest.MonkeyPatch) -> None:
 
 # Seams whose guard is written out (not built from the seam template): the fault goes where their guard calls.
 BREAKERS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
-    "transformers.generate.logits_processor": _break_stand_in("_Timed"),
-    "transformers.generate.stopping_criterion": _break_stand_in("_TimedCriterion"),
+    "transformers.generate.logits_processor": _break_stand_in("processor"),
+    "transformers.generate.stopping_criterion": _break_stand_in("criterion"),
     "torch.sync_audit.kernels": _break_audit,
     "python.run_import_hook": _break_bootstrap,
     "opentelemetry.instrumentor": _break_otel,

@@ -826,20 +826,23 @@ class _Timed:
         object.__setattr__(self, "_gp_child", child)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The seam's guard written out (see gpuprobe._seams.wrap): one Python call per element and step
-        # instead of three, the element runs exactly once, and gpuprobe's failure switches the seam off.
+        # The seam's guard written out (see gpuprobe._seams.wrap), and its bookkeeping inline: one Python
+        # call per element and step (the template's replacement and hooks would be four: +3 per element).
+        # The element runs exactly once; gpuprobe's own failure switches the seam off.
         inner = self._gp_inner
         st = self._gp_state
         ctx = getattr(st.tls, "ctx", None)
         seam = self._gp_seam
         if ctx is None or not ctx.step_open or not seam.switch.on:
             return inner(*args, **kwargs)
+        mark: Any = None
         try:
             nv = ctx.nv
             if nv is not None:
                 nv.push(st.nvtx(nv, self._gp_message, self._gp_kind, ctx.step))
             marks = ctx.marks
-            mark = marks.begin(self._gp_where, self._gp_range) if marks is not None else None
+            if marks is not None:
+                mark = marks.begin(self._gp_where, self._gp_range)
             t0 = perf_counter_ns()
         except Exception as exc:
             seam.fail(exc)
@@ -848,23 +851,28 @@ class _Timed:
             result = inner(*args, **kwargs)
         except BaseException:
             try:
-                self._gp_done(ctx, perf_counter_ns() - t0, mark, failed=True)
+                if mark is not None:
+                    marks.end(mark)
+                if nv is not None:
+                    nv.pop()
             except Exception as exc:
                 seam.fail(exc)
             raise
         try:
-            self._gp_done(ctx, perf_counter_ns() - t0, mark, failed=False)
+            dt = perf_counter_ns() - t0
+            if mark is not None:
+                marks.end(mark)
+            if nv is not None:
+                nv.pop()
+            child = self._gp_child
+            if child is not None:  # a logits processor: its own series, and the step's processor time
+                ctx.records.append((child, dt))
+                ctx.lp_ns += dt
+            else:  # a stopping criterion: the stopping_criteria component
+                ctx.sc_ns = (ctx.sc_ns if ctx.sc_ns > 0 else 0) + dt
         except Exception as exc:
             seam.fail(exc)
         return result
-
-    def _gp_done(self, ctx: _Call, dt: int, mark: Any, failed: bool) -> None:
-        if mark is not None:
-            ctx.marks.end(mark)  # type: ignore[union-attr]
-        if ctx.nv is not None:
-            ctx.nv.pop()
-        if not failed:
-            self._gp_add(ctx, dt)
 
     # What each kind of element is and where its time goes.
     _gp_kind = "logits_processor"
@@ -880,10 +888,6 @@ class _Timed:
     @property
     def _gp_range(self) -> str:
         return self._gp_name
-
-    def _gp_add(self, ctx: _Call, dt: int) -> None:
-        ctx.records.append((self._gp_child, dt))
-        ctx.lp_ns += dt
 
     # -- looking like the element ------------------------------------------------------------------
     @property  # type: ignore[misc]
@@ -920,9 +924,6 @@ class _TimedCriterion(_Timed):
     @property
     def _gp_range(self) -> str:
         return "stopping_criteria/" + self._gp_name
-
-    def _gp_add(self, ctx: _Call, dt: int) -> None:
-        ctx.sc_ns = (ctx.sc_ns if ctx.sc_ns > 0 else 0) + dt
 
 
 _stand_in_types: dict[tuple[type, type], type] = {}
