@@ -98,7 +98,7 @@ def info() -> dict[str, Any]:
         >>> sorted(gpuprobe.info())[:3]
         ['device', 'disabled_by_env', 'enabled']
     """
-    from . import _on_demand, _seams, _utilization
+    from . import _on_demand, _seams, _utilization, profiling
     from .runtime import DISABLED_AT_IMPORT, runtime
 
     rt = runtime()
@@ -119,7 +119,8 @@ def info() -> dict[str, Any]:
         "utilization": _utilization.status(),
         # On-demand captures (docs/capture.md): the endpoint, the signal, the slow-step trigger, the last captures.
         "profile": _on_demand.status(rt),
-        "kernel_sampling": __import__("gpuprobe.profiling", fromlist=["_"]).kernel_sampling_status(rt),
+        # Live kernel sampling: its period and how device work is told apart on this torch, or why it is off.
+        "kernel_sampling": profiling.kernel_sampling_status(rt),
         # Seams into other libraries (docs/architecture.md): each one on, off after its own failure, or refused.
         "seams": _seams.status(),
     }

@@ -11,13 +11,15 @@ Steps are counted by the transformers integration (one per generation step) or b
   in-process (GEMM, attention, softmax, …, see :func:`gpuprobe.report.categorize_kernel`) and adds
   them to ``gpuprobe.kernel.time`` and ``gpuprobe.kernel.launches`` by category. Without CUDA there are
   no kernels; the sampler then categorizes the leaf CPU operators of the step instead (the CPU analog,
-  so the whole path runs and can be checked on any machine).
+  so the whole path runs and can be checked on any machine). How device work is told apart from the
+  other GPU-side records depends on the installed torch (``_KinetoEvent.activity_type()`` where it
+  exists, else device type, user-annotation flag and record names); where torch offers neither, sampling
+  is off and :func:`kernel_sampling_status` (``gpuprobe.info()["kernel_sampling"]``) says why.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import os
 import queue
 import sys
@@ -28,12 +30,13 @@ from typing import Any
 from ._cuda import torch_with_cuda
 from ._files import atomic_write
 from ._lifecycle import Owner
+from ._torch_caps import ProfilerCaps, cuda_graphs_warm_up, profiler_caps
 from .config import parse_steps
 from .errors import ConfigError, GpuprobeError
 from .runtime import Runtime, runtime
 
 __all__ = ["profile", "ProfileWindow", "WindowState", "KernelSampler", "parse_steps", "categorize_events",
-           "warm_up_for_cuda_graphs"]
+           "kernel_sampling_status", "warm_up_for_cuda_graphs"]
 
 
 def _torch() -> Any:
@@ -279,18 +282,26 @@ def categorize_events(events: list[tuple[str, int]], *, cpu_ops: bool = False) -
     return out
 
 
+class _SamplingUnavailable(GpuprobeError):
+    """The installed torch offers no way to sample kernels; the message says which torch and why."""
+
+
 class KernelSampler:
     """Profile one step in every ``every`` and export kernel time and launches by category.
 
     With CUDA the sampled step is recorded by ``torch.profiler`` with only the CUDA activity, and only
     kernels, copies and sets count (not GPU-side annotations or synchronization records); without CUDA
-    its ATen operators stand in for kernels. A sample starts at a step start and ends at the next step
-    start *on the same thread* (or when that thread's ``generate()`` call ends): profilers are started
-    and stopped by one thread. A step whose thread already runs a profiler (a profile window, your own
-    ``torch.profiler``) or that an nsys bracket covers is not sampled; it is counted in
+    its ATen operators stand in for kernels. How device work is told apart is decided once, at the
+    first sampled step, from what the installed torch's kineto events offer; where they offer no way,
+    the sampler warns once and samples nothing (:func:`kernel_sampling_status` says why).
+
+    A sample starts at a step start and ends at the next step start *on the same thread* (or when
+    that thread's ``generate()`` call ends): profilers are started and stopped by one thread. A step
+    whose thread already runs a profiler (a profile window, your own ``torch.profiler``) or that an
+    nsys bracket covers is not sampled; it is counted in
     ``gpuprobe.telemetry.dropped{reason="kernel_sampling_busy"}``. Before the first sample on CUDA,
-    the profiler is warmed up for CUDA graphs (``torch.profiler._utils._init_for_cuda_graphs``), as
-    PyTorch documents for graphs captured before profiling.
+    the profiler is warmed up for CUDA graphs (``torch.profiler._utils._init_for_cuda_graphs``, where
+    torch has it), as PyTorch documents for graphs captured before profiling.
 
     Args:
         every: sampling period in steps (``kernel_sampling=N``); the first sampled step is ``every``.
@@ -305,6 +316,7 @@ class KernelSampler:
         self.every = every
         self.samples = 0
         self._recorder: _Recorder | None = None
+        self._unavailable: str | None = None  # why this torch cannot be sampled, once known
         self._owner: int | None = None  # the thread recording a sample, if one is
         self._rt: Runtime | None = None
         self._worker: threading.Thread | None = None
@@ -356,10 +368,15 @@ class KernelSampler:
             if self._owner != me:
                 return  # another thread's sample runs: only it may stop it
             self._finish()
-        if index > 0 and index % self.every == 0:
+        if index > 0 and index % self.every == 0 and self._unavailable is None:
             rt = self._rt or runtime()
             if self._recorder is None:
-                self._recorder = _recorder()  # decided once: the CUDA check and API lookups are not free
+                try:
+                    self._recorder = _recorder()  # decided once: the CUDA check and API lookups are not free
+                except _SamplingUnavailable as exc:
+                    self._unavailable = str(exc)
+                    rt.warn_once("kernel_sampling", f"gpuprobe: kernel sampling is {exc}; sampling is off")
+                    return
             if self._recorder.busy() or _window_owns(rt, index):
                 rt.drop("kernel_sampling_busy")  # another profiler owns this step: never disturb it
                 return
@@ -409,6 +426,9 @@ class KernelSampler:
                     rt.emit(time_fam.child(category=category), total_ns / 1e9)
                     rt.emit(launch_fam.child(category=category), count)
                 self.samples += 1
+            except _SamplingUnavailable as exc:
+                self._unavailable = str(exc)  # the next sampled step starts no profiler
+                rt.warn_once("kernel_sampling", f"gpuprobe: kernel sampling is {exc}; sampling is off")
             except Exception as exc:
                 rt.warn_once("kernel_sampling", f"gpuprobe: kernel sampling failed: {exc!r}")
             finally:
@@ -417,6 +437,34 @@ class KernelSampler:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the last sample has been read and exported; False if ``timeout`` ran out."""
         return self._idle.wait(timeout)
+
+    def status(self) -> str:
+        """What this sampler records, in words (the first sampled step decides), or why it records nothing."""
+        if self._unavailable is not None:
+            return self._unavailable
+        if self._recorder is not None:
+            return f"every {self.every} steps: {self._recorder.describe()}"
+        if "torch" not in sys.modules:
+            return f"every {self.every} steps (torch is not imported yet)"
+        try:
+            return f"every {self.every} steps: {_recorder().describe()}"
+        except _SamplingUnavailable as exc:
+            return str(exc)
+
+
+def kernel_sampling_status(rt: Runtime | None = None) -> str:
+    """``gpuprobe.info()["kernel_sampling"]``: ``"off"``, what the attached sampler records, or why it cannot.
+
+    Example:
+        >>> kernel_sampling_status()
+        'off'
+    """
+    rt = rt or runtime()
+    for hook in rt.steps.hooks:
+        sampler = getattr(hook, "__self__", None)
+        if isinstance(sampler, KernelSampler):
+            return sampler.status()
+    return "off"
 
 
 def _window_owns(rt: Runtime, index: int) -> bool:
@@ -433,13 +481,20 @@ class _Recorder:
 
     cpu_ops = False
 
-    def __init__(self, torch: Any) -> None:
+    def __init__(self, torch: Any, caps: ProfilerCaps | None = None) -> None:
         self._torch = torch
-        self._enabled = torch._C._autograd._profiler_enabled
+        self._caps = caps = caps or profiler_caps(torch)
+        if caps.profiler_enabled is None:
+            raise _SamplingUnavailable(f"not available on torch {caps.torch_version} (it cannot tell whether "
+                                       "another profiler runs: no torch._C._autograd._profiler_enabled)")
+        self._enabled = caps.profiler_enabled
 
     def busy(self) -> bool:
         """True when a profiler is already running on this thread."""
         return bool(self._enabled())
+
+    def describe(self) -> str:
+        raise NotImplementedError
 
     def start(self) -> None:
         raise NotImplementedError
@@ -455,12 +510,26 @@ class _KinetoRecorder(_Recorder):
     """The step through ``torch.profiler``: with ``cuda``, its kernels, memcpy and memset (CUDA
     activity only); without, its ATen operators with their self time (CPU activity)."""
 
-    def __init__(self, torch: Any, cuda: bool) -> None:
-        super().__init__(torch)
+    def __init__(self, torch: Any, cuda: bool, caps: ProfilerCaps | None = None) -> None:
+        super().__init__(torch, caps)
         self.cuda = cuda
         self.cpu_ops = not cuda
         act = torch.profiler.ProfilerActivity
         self._activities = [act.CUDA] if cuda else [act.CPU]
+        caps = self._caps
+        try:
+            if cuda:
+                self._read_device_work = caps.device_work_reader(torch.autograd.DeviceType.CUDA)
+            else:
+                self._read_cpu = caps.cpu_event_reader()
+        except RuntimeError:
+            why = caps.device_work_why if cuda else "its kineto events give no start_ns() or duration_ns()"
+            raise _SamplingUnavailable(f"not available on torch {caps.torch_version} ({why})") from None
+
+    def describe(self) -> str:
+        if self.cuda:
+            return f"kernels, memcpy and memset ({self._caps.device_work_why})"
+        return "CPU operators with their self time, through kineto (no CUDA device)"
 
     def start(self) -> None:
         if self.cuda:
@@ -477,11 +546,16 @@ class _KinetoRecorder(_Recorder):
     def events(self, raw: Any) -> list[tuple[str, int]]:
         # Why raw kineto events: prof.events() builds the whole event tree in Python (~65 ms for
         # one tiny-model step); the raw results take ~2 ms.
-        events = raw.profiler.kineto_results.events()
+        results = getattr(getattr(raw, "profiler", None), "kineto_results", None)
+        if results is None:
+            raise _SamplingUnavailable(f"not available on torch {self._caps.torch_version} (its torch.profiler.profile "
+                                       "keeps no profiler.kineto_results)")
+        events = results.events()
         if self.cuda:
-            # device_type() == CUDA also admits GPU-side annotations and synchronization records.
-            return [(e.name(), e.duration_ns()) for e in events if e.activity_type() in _DEVICE_WORK]
-        return _cpu_self_times([(e.name(), e.start_ns(), e.duration_ns(), e.start_thread_id()) for e in events])
+            # Device type CUDA alone also admits GPU-side annotations and synchronization records: the
+            # reader, picked once for this torch, keeps kernels, memcpy and memset.
+            return self._read_device_work(events)
+        return _cpu_self_times(self._read_cpu(events))
 
 
 class _CpuLegacyRecorder(_Recorder):
@@ -495,13 +569,17 @@ class _CpuLegacyRecorder(_Recorder):
 
     cpu_ops = True
 
-    def __init__(self, torch: Any) -> None:
-        super().__init__(torch)
-        prof = torch._C._profiler
-        self._config = prof.ProfilerConfig(prof.ProfilerState.CPU, False, False, False, False, False,
-                                           prof._ExperimentalConfig())
-        self._enable = torch._C._autograd._enable_profiler_legacy
-        self._disable = torch._C._autograd._disable_profiler_legacy
+    def __init__(self, torch: Any, caps: ProfilerCaps | None = None) -> None:
+        super().__init__(torch, caps)
+        legacy = self._caps.legacy_cpu
+        if legacy is None:
+            raise _SamplingUnavailable(f"not available on torch {self._caps.torch_version} (no legacy CPU profiler)")
+        self._config = legacy.config
+        self._enable = legacy.enable
+        self._disable = legacy.disable
+
+    def describe(self) -> str:
+        return "CPU operators with their self time, through the autograd profiler's CPU state (no CUDA device)"
 
     def start(self) -> None:
         self._enable(self._config)
@@ -512,8 +590,6 @@ class _CpuLegacyRecorder(_Recorder):
     def events(self, raw: Any) -> list[tuple[str, int]]:
         return _legacy_self_times(raw)
 
-
-_DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 _warmed_up = False
 _warm_up_lock = threading.Lock()
@@ -534,17 +610,26 @@ def warm_up_for_cuda_graphs() -> None:
         if _warmed_up:
             return
         _warmed_up = True
-        _torch().profiler._utils._init_for_cuda_graphs()
+        warm_up = cuda_graphs_warm_up(_torch())
+        if warm_up is not None:  # a torch without it: nothing to warm up with
+            warm_up()
 
 
 def _recorder() -> _Recorder:
+    """The recorder for this process: CUDA kernels where there is a device, else CPU operators.
+
+    Making one starts nothing: :meth:`KernelSampler.status` makes one to say what sampling would record.
+
+    Raises:
+        _SamplingUnavailable: the installed torch offers no way to sample (the message says why).
+    """
     torch = _torch()
+    caps = profiler_caps(torch)
     if torch_with_cuda() is not None:
-        return _KinetoRecorder(torch, cuda=True)
-    autograd = torch._C._autograd
-    if hasattr(autograd, "_enable_profiler_legacy") and hasattr(torch._C._profiler.ProfilerState, "CPU"):
-        return _CpuLegacyRecorder(torch)
-    return _KinetoRecorder(torch, cuda=False)
+        return _KinetoRecorder(torch, cuda=True, caps=caps)
+    if caps.legacy_cpu is not None:
+        return _CpuLegacyRecorder(torch, caps)
+    return _KinetoRecorder(torch, cuda=False, caps=caps)
 
 
 def _legacy_self_times(threads: list[list[Any]]) -> list[tuple[str, int]]:

@@ -90,9 +90,21 @@ def test_profile_rejects_bad_output_and_nothing_to_capture() -> None:
         gpuprobe.profile("1-2", output=None)
 
 
+def sees_cuda() -> bool:
+    """Whether gpuprobe sees a CUDA device here (a real one, or a simulated machine's): the sampler then
+    records kernels, not CPU operators."""
+    from gpuprobe._cuda import torch_with_cuda
+
+    return torch_with_cuda() is not None
+
+
 def test_kernel_sampler_exports_categories_of_one_step_in_n(model, exporter: InMemoryExporter) -> None:  # type: ignore[no-untyped-def]
+    if sees_cuda():  # the CUDA path: test_kernel_sampler_on_cuda_counts_every_kernel_of_the_step, tests/cuda
+        pytest.skip("with a CUDA device the sampler records kernels, and this model on the CPU launches none")
     sampler = KernelSampler(every=3).attach()
-    run_steps(model, 10)  # steps 3, 6, 9 are profiled; 9 is finished by detach()
+    for _ in range(10):  # steps 3, 6, 9 are profiled; 9 is finished by detach()
+        run_steps(model, 1)
+        sampler.wait()  # a sample still being read when the next one ends would be skipped as busy
     sampler.detach()
     assert sampler.samples == 3
     launches = exporter.observations("gpuprobe.kernel.launches")
@@ -253,3 +265,12 @@ def test_kernel_sampler_on_cuda_counts_every_kernel_of_the_step(exporter: InMemo
     launches = exporter.observations("gpuprobe.kernel.launches")
     assert sum(o.value for o in launches) == expected
     assert "gemm" in {o.attrs["category"] for o in launches}
+
+
+def test_info_says_what_kernel_sampling_records() -> None:
+    assert gpuprobe.info()["kernel_sampling"] == "off"
+    sampler = KernelSampler(every=2).attach()
+    records = "kernels, memcpy and memset" if sees_cuda() else "CPU operators with their self time"
+    assert gpuprobe.info()["kernel_sampling"].startswith(f"every 2 steps: {records}")
+    sampler.detach()
+    assert gpuprobe.info()["kernel_sampling"] == "off"

@@ -95,6 +95,7 @@ __all__ = [
     "SimStats",
     "SimStream",
     "SimulatedCuda",
+    "machine_simulation",
     "simulated_cuda",
 ]
 
@@ -336,12 +337,19 @@ class SimDeviceProperties:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Process-wide registry: one installed simulation at a time; fork handling
+# Process-wide registry: one installed simulation at a time (over an optional machine one); fork handling
 # ---------------------------------------------------------------------------------------------------
 
 _REGISTRY_LOCK = threading.Lock()
 _ACTIVE: SimulatedCuda | None = None
+# A simulation installed with install(as_machine=True): the process's CUDA, which _ACTIVE goes over.
+_MACHINE: SimulatedCuda | None = None
 _MISSING = object()
+
+
+def machine_simulation() -> SimulatedCuda | None:
+    """The simulation installed with ``install(as_machine=True)`` (the process's CUDA), or None."""
+    return _MACHINE
 
 
 def _after_fork_in_child() -> None:
@@ -354,11 +362,11 @@ def _after_fork_in_child() -> None:
     """
     global _REGISTRY_LOCK
     _REGISTRY_LOCK = threading.Lock()
-    sim = _ACTIVE
-    if sim is not None:
-        sim._lock = threading.RLock()  # a lock held by another thread at fork time would never be released
-        if sim._fork_poisoned:
-            sim._in_bad_fork = True
+    for sim in (_MACHINE, _ACTIVE):
+        if sim is not None:
+            sim._lock = threading.RLock()  # a lock held by another thread at fork time would never be released
+            if sim._fork_poisoned:
+                sim._in_bad_fork = True
 
 
 if hasattr(os, "register_at_fork"):
@@ -1119,7 +1127,12 @@ class SimCudart:
 
 
 class _SimKinetoEvent:
-    """A GPU-side (or CUDA runtime) record with ``torch._C._autograd._KinetoEvent``'s methods."""
+    """A GPU-side (or CUDA runtime) record of a simulated profiling session: the data only.
+
+    The events a session hands out are of a subclass made by :func:`_kineto_event_class` for the
+    installed torch, with exactly the public methods of its ``torch._C._autograd._KinetoEvent``
+    (torch 2.11's has no ``activity_type()``, 2.13's has), taken from :class:`_SimKinetoEventMethods`.
+    """
 
     __slots__ = ("_name", "_activity", "_device_type", "_device", "_resource", "_start", "_end", "_tid",
                  "_corr", "_nbytes")
@@ -1136,6 +1149,26 @@ class _SimKinetoEvent:
         self._tid = tid
         self._corr = corr
         self._nbytes = nbytes
+
+    def __repr__(self) -> str:
+        return f"<simulated _KinetoEvent {self._activity} {self._name!r} {self._end - self._start} ns>"
+
+
+class _SimKinetoEventMethods:
+    """``_KinetoEvent``'s methods over :class:`_SimKinetoEvent`'s data, for every torch release the
+    simulation follows (2.11 to 2.13); never instantiated: :func:`_kineto_event_class` copies those the
+    installed torch's class has."""
+
+    _name: str
+    _activity: str
+    _device_type: Any
+    _device: int
+    _resource: int
+    _start: int
+    _end: int
+    _tid: int
+    _corr: int
+    _nbytes: int
 
     def name(self) -> str:
         return self._name
@@ -1259,8 +1292,49 @@ class _SimKinetoEvent:
     def python_module_id(self) -> int:
         return 0
 
-    def __repr__(self) -> str:
-        return f"<simulated _KinetoEvent {self._activity} {self._name!r} {self.duration_ns()} ns>"
+
+# The torch releases whose profiler the simulated one was run against (tests/simcuda), and the oldest
+# it installs on: torch 2.2's profiler computes its events on exit and gives kineto times in
+# microseconds, and much else of the simulation (torch.AcceleratorError, ...) is newer than 2.2.
+_PROFILER_CHECKED_ON = "2.11.0 and 2.13.0"
+_OLDEST_TORCH = (2, 11)
+# The simulated event class made for each torch _KinetoEvent class (a stand-in of another release's
+# shape included), so that events of one session share one class.
+_EVENT_CLASSES: weakref.WeakKeyDictionary[type, type[_SimKinetoEvent]] = weakref.WeakKeyDictionary()
+
+
+def _kineto_event_class(torch: Any) -> type[_SimKinetoEvent]:
+    """A :class:`_SimKinetoEvent` class with exactly the public methods of ``torch._C._autograd._KinetoEvent``.
+
+    Code that asks what the events offer (``hasattr(event, "activity_type")``) gets the answer the
+    installed torch would give. A method the simulation does not know (a torch newer than it) raises
+    ``NotImplementedError`` naming it when called.
+
+    Raises:
+        RuntimeError: torch has no ``_KinetoEvent`` (the simulated profiler cannot imitate its events).
+    """
+    real = getattr(getattr(torch._C, "_autograd", None), "_KinetoEvent", None)
+    if not isinstance(real, type):
+        raise RuntimeError(f"simulated CUDA: torch {torch.__version__} has no torch._C._autograd._KinetoEvent; "
+                           f"the simulated profiler imitates the kineto events of torch {_PROFILER_CHECKED_ON}")
+    cls = _EVENT_CLASSES.get(real)
+    if cls is None:
+        known = {n: f for n, f in vars(_SimKinetoEventMethods).items() if not n.startswith("_") and callable(f)}
+        ns: dict[str, Any] = {"__slots__": (), "__module__": __name__, "__qualname__": "_KinetoEvent",
+                              "__doc__": f"A simulated record shaped as torch {torch.__version__}'s _KinetoEvent."}
+        for name in dir(real):
+            if not name.startswith("_"):
+                ns[name] = known.get(name) or _not_simulated(name, str(torch.__version__))
+        cls = _EVENT_CLASSES[real] = type("_KinetoEvent", (_SimKinetoEvent,), ns)
+    return cls
+
+
+def _not_simulated(method: str, version: str) -> Callable[..., NoReturn]:
+    def missing(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(f"simulated CUDA: _KinetoEvent.{method}() of torch {version} is not simulated "
+                                  f"(the simulated profiler imitates torch {_PROFILER_CHECKED_ON})")
+    missing.__name__ = method
+    return missing
 
 
 class _SimProfilerResult:
@@ -1361,11 +1435,54 @@ def _wants_cuda(torch: Any, kwargs: dict[str, Any]) -> bool:
     return act.CUDA in wanted
 
 
+def _torch_release(torch: Any) -> tuple[int, int]:
+    """(major, minor) of ``torch.__version__``; (0, 0) when it does not start with them."""
+    parts = str(torch.__version__).split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def _sync_events_field(torch: Any) -> int | None:
+    """Where ``enable_cuda_sync_events`` sits in ``_ExperimentalConfig.__getstate__()`` (4 in torch 2.11
+    and 2.13; 3 in 2.2), found by setting it; None where this torch cannot set it."""
+    config = torch._C._profiler._ExperimentalConfig
+    try:
+        off, on = config().__getstate__(), config(enable_cuda_sync_events=True).__getstate__()
+    except Exception:
+        return None
+    changed = [i for i, (a, b) in enumerate(zip(off, on)) if a != b]
+    return changed[0] if len(changed) == 1 else None
+
+
 def _make_profiler_classes(sim: SimulatedCuda, real_profile: type, real_record_function: type) -> tuple[type, type]:
-    """``torch.profiler.profile`` and ``record_function`` for this simulation (subclasses of torch's)."""
+    """``torch.profiler.profile`` and ``record_function`` for this simulation (subclasses of torch's).
+
+    What differs between torch releases is looked up here, once per install: the kineto event class
+    (:func:`_kineto_event_class`), the position of ``enable_cuda_sync_events`` in an
+    ``_ExperimentalConfig``, and whether profiles take ``activity_filters`` (torch 2.13, not 2.11).
+
+    Raises:
+        RuntimeError: torch is older than the simulated profiler follows, or its profiler lacks what the
+            simulation drives (the message names it and the releases the simulated profiler was checked on).
+    """
+    import inspect  # noqa: PLC0415 (used at install only)
+
     torch = _torch()
     autograd_profiler = torch.autograd.profiler
     act = torch.profiler.ProfilerActivity
+    if _torch_release(torch) < _OLDEST_TORCH:
+        raise RuntimeError(f"simulated CUDA needs torch>={'.'.join(map(str, _OLDEST_TORCH))}: its profiler imitates "
+                           f"torch {_PROFILER_CHECKED_ON}, and torch {torch.__version__} is installed")
+    missing = [m for m in ("prepare_trace", "start_trace", "stop_trace")
+               if not callable(getattr(real_profile, m, None))]
+    if missing:
+        raise RuntimeError(f"simulated CUDA: torch {torch.__version__}'s torch.profiler.profile has no "
+                           f"{', '.join(missing)}; the simulated profiler imitates torch {_PROFILER_CHECKED_ON}")
+    _kineto_event_class(torch)  # refuses, now, a torch without _KinetoEvent
+    sync_field = _sync_events_field(torch)
+    takes_filters = "activity_filters" in inspect.signature(autograd_profiler.profile.__init__).parameters
 
     class record_function(real_record_function):  # type: ignore[misc, valid-type]
         """torch.autograd.profiler.record_function, also telling the simulation which range is open
@@ -1400,21 +1517,23 @@ def _make_profiler_classes(sim: SimulatedCuda, real_profile: type, real_record_f
                 self.activities.add(act.CUDA)
             self._sim_cpu = bool(self.activities - {act.CUDA})
             cfg = self.experimental_config
-            self._sim_sync_events = bool(cfg is not None and cfg.__getstate__()[4])  # enable_cuda_sync_events
-            flt = self.activity_filters.get(act.CUDA)
+            self._sim_sync_events = bool(cfg is not None and sync_field is not None and cfg.__getstate__()[sync_field])
+            self._sim_filters = dict(getattr(self, "activity_filters", None) or {})  # torch 2.13's {activity: [names]}
+            flt = self._sim_filters.get(act.CUDA)
             self._sim_allowed = None if flt is None else frozenset(flt)
 
         def prepare_trace(self) -> None:
             sim._profiler_prepare(self, self._sim_cpu, self._sim_sync_events, self._sim_allowed)
             try:
-                cpu_filters = {k: v for k, v in self.activity_filters.items() if k != act.CUDA}
+                extra = {}
+                if takes_filters:
+                    extra["activity_filters"] = {k: v for k, v in self._sim_filters.items() if k != act.CUDA} or None
                 self.profiler = autograd_profiler.profile(
                     use_cpu=True, use_device=None, record_shapes=self.record_shapes, with_flops=self.with_flops,
                     profile_memory=self.profile_memory, with_stack=self.with_stack, with_modules=self.with_modules,
                     use_kineto=True, experimental_config=self.experimental_config, acc_events=self.acc_events,
                     custom_trace_id_callback=self.custom_trace_id_callback,
-                    post_processing_timeout_s=self.post_processing_timeout_s,
-                    activity_filters=cpu_filters or None)
+                    post_processing_timeout_s=self.post_processing_timeout_s, **extra)
                 if self._sim_cpu:
                     self.profiler._prepare_trace()
             except BaseException:
@@ -1535,13 +1654,20 @@ class SimulatedCuda:
         """Whether this simulation is installed now."""
         return self._installed
 
-    def install(self) -> SimulatedCuda:
+    def install(self, *, as_machine: bool = False) -> SimulatedCuda:
         """Replace the ``torch.cuda`` attributes with the simulation's; returns ``self``.
 
+        Args:
+            as_machine: install it as the process's own CUDA, what a CUDA build of torch on a GPU
+                machine offers, for a whole test run (``pytest --simulate-gpu``). Another simulation
+                can then be installed over it, as over real CUDA: that one saves and puts back this
+                one's attributes. At most one machine simulation, installed before any other.
+
         Raises:
-            RuntimeError: a simulated CUDA (this one or another) is already installed.
+            RuntimeError: a simulated CUDA (this one or another) is already installed; for
+                ``as_machine``, any simulation is installed.
         """
-        global _ACTIVE
+        global _ACTIVE, _MACHINE
         torch = _torch()
         import torch.autograd.profiler  # noqa: F401, PLC0415
         import torch.cuda.graphs  # noqa: F401, PLC0415
@@ -1555,8 +1681,9 @@ class SimulatedCuda:
         from .. import _placement
 
         with _REGISTRY_LOCK:
-            if _ACTIVE is not None:
-                who = "this simulation" if _ACTIVE is self else "another SimulatedCuda"
+            taken = _ACTIVE if _ACTIVE is not None else (_MACHINE if as_machine or _MACHINE is self else None)
+            if taken is not None:
+                who = "this simulation" if taken is self else "another SimulatedCuda"
                 raise RuntimeError(f"simulated CUDA is already installed ({who}); uninstall it first: "
                                    "installs cannot be nested or overlap")
             self._GraphCtx.default_capture_stream = None
@@ -1572,7 +1699,10 @@ class SimulatedCuda:
             self._saved = saved
             self._prev_resolver = _placement.set_device_resolver(self.device_of)
             self._installed = True
-            _ACTIVE = self
+            if as_machine:
+                _MACHINE = self
+            else:
+                _ACTIVE = self
         return self
 
     def uninstall(self) -> None:
@@ -1580,14 +1710,18 @@ class SimulatedCuda:
         deleted) and the previous device resolver.
 
         Raises:
-            RuntimeError: this simulation is not installed.
+            RuntimeError: this simulation is not installed; or it is the machine simulation and
+                another one is still installed over it.
         """
-        global _ACTIVE
+        global _ACTIVE, _MACHINE
         from .. import _placement
 
         with _REGISTRY_LOCK:
-            if _ACTIVE is not self:
+            if _ACTIVE is not self and _MACHINE is not self:
                 raise RuntimeError("simulated CUDA: this simulation is not installed")
+            if _MACHINE is self and _ACTIVE is not None:
+                raise RuntimeError("simulated CUDA: another simulation is installed over this machine "
+                                   "simulation; uninstall that one first")
             try:
                 self._restore(self._saved)
             finally:
@@ -1596,7 +1730,10 @@ class SimulatedCuda:
                 self._prev_resolver = None
                 self._installed = False
                 self._GraphCtx.default_capture_stream = None
-                _ACTIVE = None
+                if _MACHINE is self:
+                    _MACHINE = None
+                else:
+                    _ACTIVE = None
 
     @staticmethod
     def _restore(saved: list[tuple[Any, str, Any]]) -> None:
@@ -1617,10 +1754,21 @@ class SimulatedCuda:
         """(object, attribute name) of everything :meth:`install` replaced (empty when not installed)."""
         return [(target, name) for target, name, _ in self._saved]
 
+    def _torch_own(self, target: Any, name: str) -> Any:
+        """``target.name`` as torch defines it: under a machine simulation, what that one replaced."""
+        machine = _MACHINE
+        if machine is not None and machine is not self:
+            for t, n, original in machine._saved:
+                if t is target and n == name and original is not _MISSING:
+                    return original
+        return getattr(target, name)
+
     def _patches(self, torch: Any) -> list[tuple[Any, str, Any]]:
         api = _make_api(self, torch)
+        # The profiler classes subclass torch's, not a machine simulation's.
         profile_cls, record_function_cls = _make_profiler_classes(
-            self, torch.profiler.profiler.profile, torch.autograd.profiler.record_function)
+            self, self._torch_own(torch.profiler.profiler, "profile"),
+            self._torch_own(torch.autograd.profiler, "record_function"))
         cuda, memory, graphs, streams = torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams
         cuda_names = [
             "is_available", "device_count", "is_initialized", "init", "_lazy_init", "_is_in_bad_fork",
@@ -2545,6 +2693,7 @@ class SimulatedCuda:
     def _profiler_stop(self, owner: Any) -> tuple[list[_SimKinetoEvent], int]:
         torch = _torch()
         cuda_type, cpu_type = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+        event_cls = _kineto_event_class(torch)  # shaped as this torch's _KinetoEvent
         with self._lock:
             session = self._session
             if session is None or session.owner is not owner:
@@ -2573,13 +2722,13 @@ class SimulatedCuda:
             events = []
             for r in records:
                 if r.on_host:
-                    events.append(_SimKinetoEvent(r.name, r.activity, cpu_type, os.getpid(), r.stream, r.start_ns,
-                                                  r.end_ns, r.thread, r.correlation, 0))
+                    events.append(event_cls(r.name, r.activity, cpu_type, os.getpid(), r.stream, r.start_ns,
+                                            r.end_ns, r.thread, r.correlation, 0))
                     continue
                 offset = session.anchor_wall_ns - session.anchor_dev_ns[r.device]
                 tid = r.thread if session.cpu else stopper
-                events.append(_SimKinetoEvent(r.name, r.activity, cuda_type, r.device, r.stream, r.start_ns + offset,
-                                              r.end_ns + offset, tid, r.correlation, r.nbytes))
+                events.append(event_cls(r.name, r.activity, cuda_type, r.device, r.stream, r.start_ns + offset,
+                                        r.end_ns + offset, tid, r.correlation, r.nbytes))
             events.sort(key=lambda e: e._start)
             return events, session.anchor_wall_ns
 

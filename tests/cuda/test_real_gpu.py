@@ -292,3 +292,35 @@ def test_the_sync_audit_counts_what_torch_sync_debug_mode_warns_about() -> None:
     with audit:
         work()
     assert sum(audit.counts.values()) == warned > 0
+
+
+def test_kernel_sampling_on_this_torch_counts_the_kernels_its_profiler_counts() -> None:
+    """The sampler's CUDA path on the installed torch's real kineto events (torch 2.11's have no
+    activity_type(), 2.13's do): a matmul step's kernel time is positive and its launches are the
+    device-side records of a plain CUDA-only torch.profiler run of the same step."""
+    from gpuprobe.profiling import KernelSampler, kernel_sampling_status
+
+    a = torch.randn(2048, 2048, device="cuda")
+
+    def work() -> None:
+        a @ a
+        torch.cuda.synchronize()
+
+    work()
+    work()  # cuBLAS is set up: the profiled steps launch the same kernels
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as ref:
+        work()
+    expected = sum(1 for e in ref.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    sampler = KernelSampler(2).attach()
+    with InMemoryExporter() as exp:
+        for _ in range(4):  # step 2 is sampled; it ends when step 3 starts
+            gpuprobe.step()
+            work()
+        status = kernel_sampling_status()
+        sampler.detach()
+        launches = sum(exp.values("gpuprobe.kernel.launches"))
+        seconds = sum(exp.values("gpuprobe.kernel.time"))
+    assert status.startswith("every 2 steps: kernels, memcpy and memset"), status
+    assert sampler.samples == 1
+    assert launches == expected > 0
+    assert seconds > 0

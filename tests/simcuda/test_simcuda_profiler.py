@@ -1,4 +1,9 @@
-"""torch.profiler with CUDA activity over the simulation (torch/profiler/profiler.py, kineto)."""
+"""torch.profiler with CUDA activity over the simulation (torch/profiler/profiler.py, kineto).
+
+The simulated events take the shape of the ``torch._C._autograd._KinetoEvent`` class in force: the
+installed torch's, or a stand-in of another release's (tests/kineto_shapes.py). Tests that tell records
+apart by ``activity_type()`` run with torch 2.13's shape, which has it.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from torch.profiler import ProfilerActivity
 
 from gpuprobe.testing.simcuda import SimulatedCuda
 
+from kineto_shapes import kineto_shape, public_methods, use_shape  # noqa: F401 - kineto_shape is a fixture
+
 CUDA = [ProfilerActivity.CUDA]
 CPU_CUDA = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
 
@@ -21,7 +28,13 @@ def _gpu(prof: object) -> list[object]:
     return [e for e in prof.profiler.kineto_results.events() if e.device_type() == cuda]  # type: ignore[attr-defined]
 
 
-def test_kernels_of_all_threads_and_devices_are_recorded(sim: SimulatedCuda) -> None:
+@pytest.fixture
+def activity_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Events shaped as torch 2.13's, whose ``activity_type()`` names each record's kind."""
+    use_shape(monkeypatch, "torch-2.13")
+
+
+def test_kernels_of_all_threads_and_devices_are_recorded(activity_types: None, sim: SimulatedCuda) -> None:
     """CUPTI activity tracing is process-wide: kernels of every thread and device."""
     with torch.profiler.profile(activities=CUDA) as prof:
         sim.launch(1_000, "gemm")
@@ -41,7 +54,7 @@ def test_kernels_launched_before_the_session_are_not_recorded(sim: SimulatedCuda
     assert [e.name() for e in _gpu(prof)] == ["during"]
 
 
-def test_gpu_side_records_that_are_not_kernels_have_device_type_cuda(sim: SimulatedCuda) -> None:
+def test_gpu_side_records_that_are_not_kernels_have_device_type_cuda(activity_types: None, sim: SimulatedCuda) -> None:
     """_KinetoEvent.device_type() is CUDA for memcpy, memset, GPU user annotations and sync records;
     activity_type() tells them apart (kineto ActivityType names)."""
     config = _ExperimentalConfig(enable_cuda_sync_events=True)
@@ -62,7 +75,7 @@ def test_gpu_side_records_that_are_not_kernels_have_device_type_cuda(sim: Simula
     assert ann.duration_ns() == 1_150  # from the first kernel's start to the last one's end
 
 
-def test_gpu_user_annotations_need_cpu_activity(sim: SimulatedCuda) -> None:
+def test_gpu_user_annotations_need_cpu_activity(activity_types: None, sim: SimulatedCuda) -> None:
     """record_function: "Label will only appear if CPU activity tracing is enabled"."""
     with torch.profiler.profile(activities=CUDA) as prof:
         with torch.profiler.record_function("step"):
@@ -70,7 +83,7 @@ def test_gpu_user_annotations_need_cpu_activity(sim: SimulatedCuda) -> None:
     assert {e.activity_type() for e in _gpu(prof)} == {"kernel"}
 
 
-def test_sync_records_need_enable_cuda_sync_events(sim: SimulatedCuda) -> None:
+def test_sync_records_need_enable_cuda_sync_events(activity_types: None, sim: SimulatedCuda) -> None:
     """_ExperimentalConfig(enable_cuda_sync_events=...) (torch/_C/_profiler.pyi) turns cuda_sync on."""
     with torch.profiler.profile(activities=CUDA) as prof:
         sim.launch(1_000)
@@ -78,7 +91,7 @@ def test_sync_records_need_enable_cuda_sync_events(sim: SimulatedCuda) -> None:
     assert "cuda_sync" not in {e.activity_type() for e in _gpu(prof)}
 
 
-def test_runtime_calls_are_cpu_side_records(sim: SimulatedCuda) -> None:
+def test_runtime_calls_are_cpu_side_records(activity_types: None, sim: SimulatedCuda) -> None:
     """Kineto records CUDA runtime calls (cuda_runtime) on the host: DeviceType.CPU."""
     with torch.profiler.profile(activities=CUDA) as prof:
         sim.launch(1_000)
@@ -186,3 +199,71 @@ def test_replaying_a_graph_captured_before_profiler_warmup_is_flagged(sim: Simul
         early.replay()
     assert sim.stats.graph_replays_without_profiler_warmup == 1
     assert sim.stats.init_for_cuda_graphs_calls == 1
+
+
+def test_events_have_exactly_the_methods_of_torchs_kineto_event(kineto_shape: frozenset[str],  # noqa: F811
+                                                                 sim: SimulatedCuda) -> None:
+    """Code that asks what an event offers (``hasattr(e, "activity_type")``) gets torch's answer."""
+    with torch.profiler.profile(activities=CUDA) as prof:
+        sim.launch(1_000, "gemm")
+    events = prof.profiler.kineto_results.events()
+    assert events  # the kernel and its runtime call
+    for e in events:
+        assert public_methods(type(e)) == kineto_shape
+        assert hasattr(e, "activity_type") == ("activity_type" in kineto_shape)
+
+
+def test_torch_2_11s_shape_tells_annotations_by_flag_and_sync_records_by_name(monkeypatch: pytest.MonkeyPatch,
+                                                                              sim: SimulatedCuda) -> None:
+    """torch 2.11's events have no activity_type(): a GPU user annotation is the device-side record with
+    is_user_annotation(); a sync record is named after its kind (kineto's syncTypeString)."""
+    use_shape(monkeypatch, "torch-2.11")
+    config = _ExperimentalConfig(enable_cuda_sync_events=True)
+    with torch.profiler.profile(activities=CPU_CUDA, experimental_config=config) as prof:
+        with torch.profiler.record_function("decode_step"):
+            sim.launch(1_000, "gemm")
+    records = {e.name(): e.is_user_annotation() for e in _gpu(prof)}
+    assert records == {"gemm": False, "decode_step": True, "Context Sync": False}
+
+
+def test_a_method_the_simulation_does_not_know_raises_naming_it(monkeypatch: pytest.MonkeyPatch,
+                                                                sim: SimulatedCuda) -> None:
+    """A newer torch's _KinetoEvent method: present on the events (as on torch's), but not simulated."""
+    newer = type("_KinetoEvent", (), {"name": None, "device_type": None, "gpu_clock_domain": None})
+    monkeypatch.setattr(torch._C._autograd, "_KinetoEvent", newer)
+    with torch.profiler.profile(activities=CUDA) as prof:
+        sim.launch(1_000, "gemm")
+    kernel = next(e for e in _gpu(prof) if e.name() == "gemm")
+    with pytest.raises(NotImplementedError, match=r"_KinetoEvent\.gpu_clock_domain\(\) of torch .* is not simulated"):
+        kernel.gpu_clock_domain()
+
+
+def test_install_is_refused_where_torch_has_no_kineto_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused at install, with the releases the simulated profiler follows, and nothing left patched."""
+    available = torch.cuda.is_available
+    monkeypatch.delattr(torch._C._autograd, "_KinetoEvent")
+    with pytest.raises(RuntimeError, match=r"no torch\._C\._autograd\._KinetoEvent.*torch 2\.11\.0 and 2\.13\.0"):
+        SimulatedCuda(devices=1).install()
+    assert torch.cuda.is_available is available
+
+
+def test_install_is_refused_on_a_torch_older_than_the_simulated_profiler_follows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.2's profiler computes its events on exit and times kineto events in microseconds."""
+    available = torch.cuda.is_available
+    monkeypatch.setattr(torch, "__version__", "2.2.2+cu121")
+    with pytest.raises(RuntimeError, match=r"needs torch>=2\.11: .*torch 2\.11\.0 and 2\.13\.0, and torch 2\.2\.2"):
+        SimulatedCuda(devices=1).install()
+    assert torch.cuda.is_available is available
+
+
+def test_cuda_activity_filters_pick_the_kinds_recorded(activity_types: None, sim: SimulatedCuda) -> None:
+    """torch 2.13's ``activities=[{ProfilerActivity.CUDA: [names]}]`` (profiler.py _parse_activities)."""
+    try:
+        prof = torch.profiler.profile(activities=[{ProfilerActivity.CUDA: ["GPU_MEMCPY"]}])
+    except TypeError:
+        pytest.skip(f"torch {torch.__version__}'s profile takes no activity filters (2.13 does)")
+    with prof:
+        sim.launch(1_000, "gemm")
+        sim.launch(100, "Memcpy HtoD", kind="gpu_memcpy", nbytes=8)
+    assert [(e.name(), e.activity_type()) for e in _gpu(prof)] == [("Memcpy HtoD", "gpu_memcpy")]
