@@ -9,14 +9,15 @@ How a generation step is seen (transformers 5.x, ``_sample`` and ``_beam_search`
         prepare_inputs_for_generation()         seam: forward starts (decode steps)
         model_forward(**inputs)
         _update_model_kwargs_for_generation()   seam: forward ends
-        logits_processor(ids, logits)           timed list: one sample per processor class
+        logits_processor(ids, logits)           transformers' list; each element a timed stand-in
         token selection, torch.cat              "other"
-        stopping_criteria(ids, scores)          timed list
-        stop_check -> streamer.put(tokens)      timed proxy
+        stopping_criteria(ids, scores)          transformers' list; each criterion a timed stand-in
+        stop_check -> streamer.put(tokens)      the caller's streamer, its put() timed for the call
 
-Every seam is looked up on the instance by transformers (``self.<name>(...)``), so each is installed
-as an instance attribute: a method bound to the model whose function reads the model's state from
-``model.__dict__``. ``copy.deepcopy`` rebinds such methods to the copy, and the state deep-copies
+Every seam (:mod:`gpuprobe._seams`) is looked up on the instance by transformers (``self.<name>(...)``),
+so each is installed as an instance attribute: a method bound to the model whose function reads the
+model's state from ``model.__dict__``, runs the original once with the arguments as passed, and keeps
+gpuprobe's work in guarded hooks (its failure switches the loop's seams off, never the program). ``copy.deepcopy`` rebinds such methods to the copy, and the state deep-copies
 (and pickles) to ``None``, so a copy of an instrumented model is a plain, uninstrumented model.
 
 Steps tile the decoding loop: a step runs from one ``_has_unfinished_sequences`` call to the next
