@@ -49,11 +49,11 @@ def _bad_inputs(tmp: Path, kineto_min: Path) -> dict[str, tuple[Path, str]]:
     con.commit()
     con.close()
     out["not_nsys.sqlite"] = (tmp / "not_nsys.sqlite", "not an Nsight Systems export")
-    con = sqlite3.connect(tmp / "no_strings.sqlite")
-    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, demangledName INTEGER)")
+    con = sqlite3.connect(tmp / "no_end.sqlite")
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, demangledName INTEGER)")
     con.commit()
     con.close()
-    out["no_strings.sqlite"] = (tmp / "no_strings.sqlite", "missing table StringIds")
+    out["no_end.sqlite"] = (tmp / "no_end.sqlite", "table CUPTI_ACTIVITY_KIND_KERNEL lacks column end")
     return out
 
 
@@ -68,7 +68,7 @@ BAD = [
     "corrupt.json.gz",
     "missing.json",
     "not_nsys.sqlite",
-    "no_strings.sqlite",
+    "no_end.sqlite",
 ]
 
 
