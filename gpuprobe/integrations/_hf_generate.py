@@ -49,6 +49,7 @@ the sync audit. Decided once when the step opens; on other steps each component 
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import types
@@ -943,6 +944,14 @@ def _stand_in_type(base: type, element_type: type) -> type:
         impl = base.__call__
         call = types.FunctionType(impl.__code__, impl.__globals__, "__call__", impl.__defaults__, impl.__closure__)
         call.__wrapped__ = element_type.__call__  # type: ignore[attr-defined]
+        try:
+            # Why the signature itself, read once per class: transformers reads it for every element on
+            # every step, and a ready __signature__ is found at once (1.5 us) where following
+            # __wrapped__ parses the element's parameters again (14.6 us, against 12.8 us for the
+            # element itself; test CPU).
+            call.__signature__ = inspect.signature(element_type.__call__)  # type: ignore[attr-defined]
+        except (TypeError, ValueError):
+            pass
         call.__qualname__ = f"{element_type.__qualname__}.__call__"
         cls = type(base.__name__, (base,), {"__slots__": (), "__call__": call, "__module__": base.__module__})
         if len(_stand_in_types) < 1000:

@@ -74,10 +74,13 @@ def test_a_models_own_generate_runs_once_per_call_with_the_callers_arguments(how
         hf.instrument_all()
     else:
         hf.instrument(model)
-    assert _calls(model, 3) == expected  # tokens identical
-    assert WhisperLikeLM.calls == plain_calls  # its body ran once per call, with the caller's arguments
-    assert _request_count() == 3  # each call measured once
-    assert hf.is_instrumented(model)
+    try:
+        assert _calls(model, 3) == expected  # tokens identical
+        assert WhisperLikeLM.calls == plain_calls  # its body ran once per call, with the caller's arguments
+        assert _request_count() == 3  # each call measured once
+        assert hf.is_instrumented(model)
+    finally:
+        hf.uninstrument(model)
 
 
 def test_a_logits_processor_list_subclass_keeps_its_own_call() -> None:
@@ -101,7 +104,10 @@ def test_a_logits_processor_list_subclass_keeps_its_own_call() -> None:
     assert plain_calls == 5
 
     model = hf.instrument(_model(CappedLM))
-    assert model.generate(ids, max_new_tokens=5, do_sample=False, repetition_penalty=1.2).tolist() == expected
+    try:
+        assert model.generate(ids, max_new_tokens=5, do_sample=False, repetition_penalty=1.2).tolist() == expected
+    finally:
+        hf.uninstrument(model)
     assert CappedList.calls == plain_calls
     timed = [p for d in gpuprobe.collect() if d.spec.name == "gpuprobe.step.component.duration" for p in d.points
              if p.labels.get("processor") == "RepetitionPenaltyLogitsProcessor"]
@@ -119,7 +125,10 @@ def test_processors_are_back_in_the_list_after_the_call() -> None:
             return mine
 
     model = hf.instrument(_model(OwnListLM))
-    model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, do_sample=False)
+    try:
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, do_sample=False)
+    finally:
+        hf.uninstrument(model)
     assert len(mine) == 1 and mine[0] is element
     timed = [p for d in gpuprobe.collect() if d.spec.name == "gpuprobe.step.component.duration" for p in d.points
              if p.labels.get("processor") == "TemperatureLogitsWarper"]
