@@ -84,7 +84,7 @@ def switch_on(environ: Mapping[str, str] | None = None) -> bool:
         runtime()  # starts /metrics and whatever else the GPUPROBE_* settings ask for
     except ConfigError as exc:
         _say(f"{exc}; the program runs without gpuprobe")
-        SEAM.refuse(str(exc))
+        SEAM.refuse(str(exc), quiet=True)
         return False
     except Exception as exc:
         _say(f"gpuprobe could not be switched on in this process ({type(exc).__name__}: {exc}); "

@@ -49,6 +49,7 @@ MISSING: Any = object()
 
 _Reporter = Callable[["Seam", BaseException], None]
 _reporter: _Reporter | None = None
+_warn_once: Callable[[str, str], None] | None = None
 _lock = threading.RLock()
 
 
@@ -131,9 +132,21 @@ class Seam:
             self.refuse(why)
         return why
 
-    def refuse(self, why: str) -> None:
-        """Record that this seam was not installed, and why (a shape mismatch)."""
+    def refuse(self, why: str, *, quiet: bool = False) -> None:
+        """Record that this seam was not installed, and why (a shape mismatch); warned once per seam
+        unless ``quiet`` (a consequence of another seam's refusal, already said)."""
+        first = self.refused is None
         self.refused = why
+        if first and not quiet:
+            message = (f"gpuprobe: its seam {self.name} ({self.target}) is not installed: {why}; the rest of "
+                       f"gpuprobe measures what it can (gpuprobe.info()['seams'])")
+            try:
+                if _warn_once is not None:
+                    _warn_once(f"refused:{self.name}", message)
+                else:
+                    warnings.warn(message, RuntimeWarning, stacklevel=3)
+            except Exception:
+                pass
 
     # -- while installed --------------------------------------------------------------------------
     def fail(self, exc: BaseException, *, report: bool = True) -> None:
@@ -266,10 +279,12 @@ def seam(name: str) -> Seam:
         raise KeyError(f"no seam named {name!r}; declared: {', '.join(_registry)}") from None
 
 
-def set_reporter(reporter: _Reporter | None) -> None:
-    """Who counts and warns when a seam fails (the runtime sets itself)."""
-    global _reporter
+def set_reporter(reporter: _Reporter | None, warn_once: Callable[[str, str], None] | None = None) -> None:
+    """Who counts and warns when a seam fails, and who warns (once per key) when one is refused: the
+    runtime sets itself."""
+    global _reporter, _warn_once
     _reporter = reporter
+    _warn_once = warn_once
 
 
 def reset() -> None:
@@ -280,6 +295,7 @@ def reset() -> None:
             switch.why = None
         for s in _registry.values():
             s.failures = 0
+            s.refused = None
 
 
 def status() -> list[dict[str, Any]]:

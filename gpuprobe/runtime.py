@@ -94,7 +94,7 @@ class Runtime:
         self._device_label: str | None = None
         self._dropped = self.registry.family("gpuprobe.telemetry.dropped")
         self._seam_disabled = self.registry.family("gpuprobe.seam.disabled")
-        _seams.set_reporter(self._seam_failed)
+        _seams.set_reporter(self._seam_failed, self.warn_once)
         self._set_const_labels()
 
     # -- settings and backends -------------------------------------------------------------------

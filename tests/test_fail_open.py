@@ -37,6 +37,8 @@ transformers = pytest.importorskip("transformers")
 from gpuprobe.integrations import _hf_generate  # noqa: E402
 from gpuprobe.integrations import transformers as hf  # noqa: E402
 
+from helpers import cpu_continuous_batching_cannot_pin  # noqa: E402
+
 PACKAGE = Path(gpuprobe.__file__).resolve().parent
 
 
@@ -150,6 +152,9 @@ def _run_generate(instrumented: bool, cls_wide: bool = False) -> list[Any]:
 
 
 def _run_batch(instrumented: bool, cls_wide: bool = False) -> list[Any]:
+    reason = cpu_continuous_batching_cannot_pin()
+    if reason:
+        pytest.skip(reason)
     model = _tiny_llama()
     if not instrumented:
         return _batch_workload(model)
@@ -366,6 +371,9 @@ def test_a_seam_whose_original_gains_a_keyword_forwards_it(scenario: str, monkey
         if scenario == "generate":
             model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, do_sample=False)
         else:
+            reason = cpu_continuous_batching_cannot_pin()
+            if reason:
+                pytest.skip(reason)
             gen = transformers.GenerationConfig(max_new_tokens=3, do_sample=False, eos_token_id=-1, pad_token_id=0)
             out = model.generate_batch([[5, 6, 7]], generation_config=gen)
             assert [len(o.generated_tokens) for o in out.values()] == [3]
@@ -407,7 +415,8 @@ def test_a_missing_method_is_refused_and_the_rest_still_measures(monkeypatch: py
         return original(self, token_ids, generation_config, model_kwargs, *args, **kw)
 
     monkeypatch.setattr(type(model), "_prefill", renamed)
-    hf.instrument(model)
+    with pytest.warns(RuntimeWarning, match=r"seam transformers\.generate\.prefill .* is not installed: .*input_ids"):
+        hf.instrument(model)
     try:
         assert model.generate(ids, max_new_tokens=3, do_sample=False).tolist() == expected
     finally:

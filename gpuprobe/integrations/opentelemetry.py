@@ -78,7 +78,7 @@ class GpuprobeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             instrument_all(**options)
         except GpuprobeError as exc:
             _log.warning("gpuprobe: transformers is not instrumented: %s", exc)
-            SEAM.refuse(str(exc))
+            SEAM.refuse(str(exc), quiet=True)
             return
         except Exception as exc:  # gpuprobe's own failure never stops the program opentelemetry-instrument runs
             _log.warning("gpuprobe: transformers is not instrumented: %s: %s", type(exc).__name__, exc)

@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 SUPPORTED_VERSIONS = ">=5.0,<6"
-TESTED_VERSION = "5.23"
+TESTED_VERSION = "5.24"
 _MIN, _MAX = (5, 0), (6, 0)
 
 M = TypeVar("M")
@@ -262,7 +262,7 @@ def _install(model: Any, st: Any) -> None:
         seam = ms.seam
         name = ms.attribute
         if seam.group in refused_groups:
-            seam.refuse(f"not installed: another seam of {seam.group} was refused")
+            seam.refuse(f"not installed: another seam of {seam.group} was refused", quiet=True)
             continue
         existing = d.get(name)
         if existing is not None and not _seams.is_replacement(existing):
