@@ -17,6 +17,8 @@ from gpuprobe import probe
 from gpuprobe.runtime import runtime
 from gpuprobe.exporters.otlp import MeterProviderBridge, OtlpExporter
 
+from helpers import expected_device_label
+
 
 class Receiver:
     """A minimal OTLP/HTTP metrics receiver on 127.0.0.1; ``mode`` is ok, error or slow."""
@@ -98,10 +100,12 @@ def test_push_carries_names_units_attributes_buckets_and_counts(receiver: Receiv
     metrics = receiver.metrics()
     hist, resource = metrics["gpuprobe.probe.duration"]
     assert hist.unit == "s"
-    (point,) = [p for p in hist.histogram.data_points if attrs(p.attributes)["probe"] == "prefill"]
+    # The host clock's point (once the program has initialized CUDA, a device clock's point too).
+    (point,) = [p for p in hist.histogram.data_points
+                if attrs(p.attributes)["probe"] == "prefill" and attrs(p.attributes)["clock"] == "host"]
     assert point.count == 5 and sum(point.bucket_counts) == 5
     assert attrs(point.attributes) == {"probe": "prefill", "kind": "step", "clock": "host",
-                                      "gpuprobe.rank": "0", "gpuprobe.device": "cpu"}
+                                      "gpuprobe.rank": "0", "gpuprobe.device": expected_device_label()}
     assert list(point.explicit_bounds)[:3] == [1e-06, 2.5e-06, 5e-06]
     assert hist.histogram.aggregation_temporality == 2  # cumulative
     errors, _ = metrics["gpuprobe.probe.errors"]
@@ -175,7 +179,8 @@ def test_users_meter_provider_receives_gpuprobe_metrics_with_our_buckets() -> No
     data = reader.get_metrics_data()
     metrics = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
     hist = metrics["gpuprobe.probe.duration"]
-    (point,) = [p for p in hist.data.data_points if p.attributes["probe"] == "bridged"]
+    (point,) = [p for p in hist.data.data_points
+                if p.attributes["probe"] == "bridged" and p.attributes["clock"] == "host"]
     assert point.count == 3 and hist.unit == "s"
     assert list(point.explicit_bounds)[:2] == [1e-06, 2.5e-06]
     assert point.attributes["gpuprobe.rank"] == "0"

@@ -10,7 +10,7 @@ import pytest
 import gpuprobe
 from gpuprobe import ConfigError, probe
 
-from helpers import scrape, scrape_text
+from helpers import expected_device_label, scrape, scrape_text
 
 
 @pytest.fixture
@@ -32,12 +32,15 @@ def test_probe_histogram_names_units_labels_and_counts(server) -> None:  # type:
     for _ in range(7):
         tokenize()
     samples = scrape(server.url)
-    count = [s for s in samples["gpuprobe_probe_duration_seconds_count"] if s.labels["probe"] == "tokenize"]
+    # The host clock's series (once the program has initialized CUDA, a device clock's series too).
+    count = [s for s in samples["gpuprobe_probe_duration_seconds_count"]
+             if s.labels["probe"] == "tokenize" and s.labels["clock"] == "host"]
     assert len(count) == 1 and count[0].value == 7
     labels = count[0].labels
     assert labels == {"probe": "tokenize", "kind": "user", "clock": "host", "stage": "pre",
-                      "gpuprobe_rank": "0", "gpuprobe_device": "cpu"}
-    buckets = [s for s in samples["gpuprobe_probe_duration_seconds_bucket"] if s.labels["probe"] == "tokenize"]
+                      "gpuprobe_rank": "0", "gpuprobe_device": expected_device_label()}
+    buckets = [s for s in samples["gpuprobe_probe_duration_seconds_bucket"]
+               if s.labels["probe"] == "tokenize" and s.labels["clock"] == "host"]
     les = [s.labels["le"] for s in buckets]
     assert les[0] == "1e-06" and les[-1] == "+Inf"
     assert [s.value for s in buckets] == sorted(s.value for s in buckets)  # cumulative

@@ -19,7 +19,7 @@ from gpuprobe import ConfigError, probe
 from gpuprobe.runtime import runtime
 from gpuprobe.testing import InMemoryExporter, reset
 
-from helpers import run_python, scrape
+from helpers import run_python, scrape, use_cuda_if_present
 
 DUR = "gpuprobe.probe.duration"
 
@@ -96,7 +96,7 @@ def test_configure_disable_switches_probes_off_and_on(exporter: InMemoryExporter
     gpuprobe.configure(disable=False)
     assert gpuprobe.is_enabled() is True
     f()
-    assert len(exporter.values(DUR, probe="switched")) == 1
+    assert len(exporter.values(DUR, probe="switched", clock="host")) == 1
 
 
 def test_configure_disable_false_under_env_disable_is_refused() -> None:
@@ -115,6 +115,8 @@ def test_configure_disable_false_under_env_disable_is_refused() -> None:
 
 
 def test_a_wrapper_made_before_configure_follows_the_new_settings(exporter: InMemoryExporter) -> None:
+    device = use_cuda_if_present()  # with CUDA, memory is read once the program has initialized it
+
     @probe("early")
     def early() -> None:
         pass
@@ -123,11 +125,11 @@ def test_a_wrapper_made_before_configure_follows_the_new_settings(exporter: InMe
     assert exporter.values("gpuprobe.memory.allocated") == []  # memory readings off by default
     gpuprobe.configure(memory=True)
     early()
-    assert len(exporter.values("gpuprobe.memory.allocated", device="cpu")) == 1
+    assert len(exporter.values("gpuprobe.memory.allocated", device=device)) == 1
     gpuprobe.configure(memory=False)
     early()
-    assert len(exporter.values("gpuprobe.memory.allocated", device="cpu")) == 1
-    assert len(exporter.values(DUR, probe="early")) == 3
+    assert len(exporter.values("gpuprobe.memory.allocated", device=device)) == 1
+    assert len(exporter.values(DUR, probe="early", clock="host")) == 3
 
 
 def test_a_wrapper_made_before_configure_drains_at_the_new_buffer_size() -> None:

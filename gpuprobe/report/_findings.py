@@ -148,7 +148,9 @@ def host_sync(c: _Context) -> Finding | None:
         "memory. gpuprobe's live sync audit (GPUPROBE_SYNC_AUDIT) names the component and source line."
     )
     n_steps = len(c.steps)
-    if s.calls:
+    # Sync calls without any device work (a CPU model profiled on a GPU machine: the profiler's own
+    # synchronize at its end) say nothing of the program: its operators that would sync are the evidence.
+    if s.calls and c.gpu_known:
         per_step = median(s.per_step) if s.per_step else None
         if per_step is not None:
             if per_step < c.t["host_sync.per_step"]:

@@ -95,7 +95,6 @@ __all__ = [
     "SimStats",
     "SimStream",
     "SimulatedCuda",
-    "machine_simulation",
     "simulated_cuda",
 ]
 
@@ -345,11 +344,6 @@ _ACTIVE: SimulatedCuda | None = None
 # A simulation installed with install(as_machine=True): the process's CUDA, which _ACTIVE goes over.
 _MACHINE: SimulatedCuda | None = None
 _MISSING = object()
-
-
-def machine_simulation() -> SimulatedCuda | None:
-    """The simulation installed with ``install(as_machine=True)`` (the process's CUDA), or None."""
-    return _MACHINE
 
 
 def _after_fork_in_child() -> None:
@@ -1813,6 +1807,20 @@ class SimulatedCuda:
             (torch.profiler._utils, "_init_for_cuda_graphs", api["_init_for_cuda_graphs"]),
             (torch._C, "_cuda_attach_out_of_memory_observer", api["_cuda_attach_out_of_memory_observer"]),
         ]
+        autograd = torch._C._autograd
+        real_enabled = getattr(autograd, "_profiler_enabled", None)
+        if real_enabled is not None:
+            sim = self
+
+            # torch sets the profiler state of the thread that starts a session, whatever its activities:
+            # a CUDA-only session (simulated here, without torch's own profiler) is enabled on that thread.
+            def _profiler_enabled() -> bool:
+                session = sim._session
+                if session is not None and session.recording and session.start_thread == threading.get_ident():
+                    return True
+                return bool(real_enabled())
+
+            out.append((autograd, "_profiler_enabled", _profiler_enabled))
         return out
 
     # ------------------------------------------------------------------ statistics

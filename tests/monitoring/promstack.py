@@ -98,6 +98,9 @@ class Proc:
         self.log_path = log_path
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
         full_env.update({"PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        # The workloads are CPU runs (the GPU-only series come from --gpu-fixture): on a machine with
+        # GPUs they must not see them, or their series would be labelled and sampled as a GPU run's.
+        full_env["CUDA_VISIBLE_DEVICES"] = ""
         full_env.update(env or {})
         self._log = open(log_path, "wb")
         self.popen = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,

@@ -13,6 +13,8 @@ import gpuprobe
 from gpuprobe.integrations import transformers as hf
 from gpuprobe.testing import InMemoryExporter, reset
 
+from helpers import cpu_continuous_batching_cannot_pin
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -21,7 +23,15 @@ PROMPT_LENGTHS = (5, 9, 12, 20, 7, 3, 15, 11)
 
 
 @pytest.fixture
-def model() -> Any:
+def cpu_batching() -> None:
+    """For tests that run a CPU model's continuous batching: skipped where this process cannot."""
+    reason = cpu_continuous_batching_cannot_pin()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def model(cpu_batching: None) -> Any:
     m = hf.instrument(tiny_llama(), model_name=MODEL)
     yield m
     hf.uninstrument(m)
@@ -231,7 +241,7 @@ def _objects(manager: Any) -> dict[str, Any]:
     return {"manager": manager, "router": manager.output_router, "processor": bp, "scheduler": bp.scheduler}
 
 
-def test_uninstrument_gives_every_object_its_own_methods_back() -> None:
+def test_uninstrument_gives_every_object_its_own_methods_back(cpu_batching: None) -> None:
     model = hf.instrument(tiny_llama(), model_name=MODEL)
     gen = transformers.GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = transformers.ContinuousBatchingConfig(num_blocks=16, page_size=16, max_batch_tokens=32)
@@ -246,7 +256,7 @@ def test_uninstrument_gives_every_object_its_own_methods_back() -> None:
     assert "init_continuous_batching" not in model.__dict__
 
 
-def test_instrument_all_covers_a_model_that_only_ever_batches_continuously() -> None:
+def test_instrument_all_covers_a_model_that_only_ever_batches_continuously(cpu_batching: None) -> None:
     mixin = transformers.GenerationMixin
     own = mixin.__dict__.get("init_continuous_batching")
     hf.instrument_all()

@@ -31,6 +31,8 @@ from gpuprobe.integrations import transformers as hf
 from gpuprobe.runtime import runtime
 from gpuprobe.testing import InMemoryExporter
 
+from helpers import cpu_continuous_batching_cannot_pin
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -245,6 +247,9 @@ def test_the_first_token_of_a_one_token_request_is_counted_once_on_each_clock(
 
 
 def test_on_the_cpu_there_is_no_device_sample(model: Any) -> None:
+    reason = cpu_continuous_batching_cannot_pin()  # the tests above tell transformers there is no accelerator
+    if reason:
+        pytest.skip(reason)
     gen = transformers.GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = transformers.ContinuousBatchingConfig(num_blocks=16, page_size=16, max_batch_tokens=64)
     with InMemoryExporter() as exp:

@@ -11,6 +11,8 @@ import torch
 import gpuprobe._placement as placement
 from gpuprobe.testing.simcuda import SimulatedCuda, simulated_cuda
 
+from helpers import run_python
+
 # The attributes a simulation must replace (and restore), by module.
 PATCHED = {
     "torch.cuda": ["is_available", "device_count", "is_initialized", "_lazy_init", "current_device", "set_device",
@@ -124,3 +126,53 @@ def test_importing_the_module_does_not_import_torch() -> None:
     code = "import sys, gpuprobe.testing.simcuda; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_simulation_installs_over_a_machine_simulation_as_over_real_cuda() -> None:
+    """``install(as_machine=True)`` stands in for the process's CUDA (``pytest --simulate-gpu``): a test's
+    simulation goes over it and gives its attributes back; the profiler classes still subclass torch's
+    own. In a fresh interpreter: this one may already run on a simulated machine."""
+    proc = run_python("""
+        import os
+        import torch, torch.profiler
+        import gpuprobe._placement as placement
+        from gpuprobe.testing.simcuda import SimulatedCuda, simulated_cuda
+
+        def refused(call, needle):
+            try:
+                call()
+            except RuntimeError as exc:
+                assert needle in str(exc), exc
+            else:
+                raise AssertionError(f"not refused: {needle}")
+
+        real_count, torch_profile, torch_available = (torch.cuda.device_count(), torch.profiler.profile,
+                                                      torch.cuda.is_available)
+        machine = SimulatedCuda(devices=1).install(as_machine=True)
+        assert torch.cuda.device_count() == 1 and torch.cuda.is_initialized() is False
+        on_machine = {n: vars(torch.cuda)[n] for n in ("device_count", "Event", "current_device", "_lazy_init")}
+        with simulated_cuda(devices=3) as sim:
+            assert torch.cuda.device_count() == 3 and placement._resolver == sim.device_of
+            assert torch.profiler.profile.__mro__[1] is torch_profile  # torch's class, not the machine's
+            refused(lambda: SimulatedCuda().install(), "already installed")
+            refused(machine.uninstall, "installed over this machine simulation")
+        assert all(vars(torch.cuda)[n] is f for n, f in on_machine.items())
+        assert placement._resolver == machine.device_of and machine.installed
+        refused(lambda: SimulatedCuda().install(as_machine=True), "already installed")
+        refused(lambda: machine.install(), "already installed")
+
+        torch.cuda.is_available()  # asks the (simulated) runtime: fork is poisoned
+        torch.cuda.current_device()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if torch.cuda._is_in_bad_fork() and not torch.cuda.is_initialized() else 1)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+        machine.uninstall()
+        assert torch.cuda.device_count() == real_count and torch.cuda.is_available is torch_available
+        assert torch.profiler.profile is torch_profile and placement._resolver is None
+        refused(machine.uninstall, "not installed")
+        print("ok")
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"

@@ -4,6 +4,7 @@ where the first sync of each kind is reported. See docs/sync-audit.md."""
 from __future__ import annotations
 
 import inspect
+import re
 import warnings
 from typing import Any
 
@@ -14,6 +15,8 @@ import gpuprobe
 from gpuprobe.integrations import _hf_generate
 from gpuprobe.integrations.transformers import instrument
 from gpuprobe.runtime import runtime
+
+from helpers import cuda_present
 
 SYNCS = "gpuprobe_step_syncs_total"
 SCALAR = "aten::_local_scalar_dense"
@@ -65,9 +68,12 @@ def test_every_audited_step_shows_each_sync_of_the_processor_on_metrics(make_mod
     assert s.value(SYNCS, **labels, op=NONZERO) == steps
     assert s.value(SYNCS, **labels) == 3 * steps
     assert s.label_values(SYNCS, "op") >= {SCALAR, NONZERO}
-    # The exposition line a dashboard reads.
-    assert (f'{SYNCS}{{component="logits_processor",gpuprobe_device="cpu",gpuprobe_rank="0",model="tiny",'
-            f'op="aten::_local_scalar_dense",processor="TwoItemsOneNonzero"}} {2.0 * steps}') in s.text
+    # The exposition line a dashboard reads; the device label is cpu without CUDA, a CUDA one with it.
+    line = re.search(f'^{SYNCS}{{component="logits_processor",gpuprobe_device="(cpu|cuda|cuda:[0-9]+)",'
+                     f'gpuprobe_rank="0",model="tiny",op="aten::_local_scalar_dense",'
+                     f'processor="TwoItemsOneNonzero"}} {2.0 * steps}$', s.text, re.MULTILINE)
+    assert line is not None, s.text
+    assert (line.group(1) == "cpu") is not cuda_present()
 
 
 def test_n_2_audits_every_second_step_across_calls(make_model, scrape):
