@@ -111,15 +111,16 @@ class Served:
     """A command started through ``gpuprobe run`` in a session of its own; :meth:`stop` ends its group."""
 
     def __init__(self, args: Sequence[str], cwd: Path, metrics_port: int, env: dict[str, str] | None = None,
-                 log: Path | None = None) -> None:
+                 log: Path | None = None, plain: bool = False) -> None:
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         self.serve_port: int | None = None  # the served program's own port, where it has one
         self.log = log
         out = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed in stop()
         self._out = out
-        self.proc = subprocess.Popen([GPUPROBE, "run", "--port", str(metrics_port), "--", *args], cwd=cwd,
-                                     env=env or child_env(), stdout=out, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
+        # plain: the same command without gpuprobe, for answers to compare with
+        command = list(args) if plain else [GPUPROBE, "run", "--port", str(metrics_port), "--", *args]
+        self.proc = subprocess.Popen(command, cwd=cwd, env=env or child_env(), stdout=out, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
 
     def tail(self) -> str:
         return self.log.read_text()[-4000:] if self.log is not None and self.log.exists() else ""
@@ -186,6 +187,16 @@ def chat(port: int, i: int, stream: bool) -> tuple[int, int]:
     return usage.prompt_tokens, usage.completion_tokens
 
 
+def answer(port: int, i: int) -> str:
+    """The text of one chat completion (the model's own generation config: greedy)."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=180)
+    reply = client.chat.completions.create(model="./tiny", max_tokens=8,
+                                           messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
+    return reply.choices[0].message.content or ""
+
+
 def concurrent_chats(port: int, n: int = 6) -> list[tuple[int, int]]:
     """``n`` chats at once, every other one streaming."""
     from concurrent.futures import ThreadPoolExecutor
@@ -194,12 +205,13 @@ def concurrent_chats(port: int, n: int = 6) -> list[tuple[int, int]]:
         return list(pool.map(lambda i: chat(port, i, stream=i % 2 == 0), range(n)))
 
 
-def start_served(tiny_model: Path, log_dir: Path, *serve_args: str) -> Served:
-    """``gpuprobe run -- transformers serve ./tiny --device cpu ...``, ready for requests."""
+def start_served(tiny_model: Path, log_dir: Path, *serve_args: str, plain: bool = False) -> Served:
+    """``gpuprobe run -- transformers serve ./tiny --device cpu ...``, ready for requests (``plain``: the
+    same server without gpuprobe)."""
     serve_port, metrics_port = free_port(), free_port()
     served = Served(["transformers", "serve", "./tiny", "--device", "cpu", "--host", "127.0.0.1", "--port",
                      str(serve_port), *serve_args], cwd=tiny_model.parent, metrics_port=metrics_port,
-                    log=log_dir / "serve.log")
+                    log=log_dir / "serve.log", plain=plain)
     served.serve_port = serve_port
 
     def up(url: str) -> bool:
@@ -209,7 +221,8 @@ def start_served(tiny_model: Path, log_dir: Path, *serve_args: str) -> Served:
 
     try:
         wait_until("transformers serve", lambda: up(f"http://127.0.0.1:{serve_port}/health"), 180)
-        wait_until("/metrics", lambda: up(served.metrics_url), 60)
+        if not plain:
+            wait_until("/metrics", lambda: up(served.metrics_url), 60)
     except BaseException:
         served.stop()
         raise

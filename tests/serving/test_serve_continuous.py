@@ -13,7 +13,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("accelerate")
 
-from _servekit import Scrape, Served, concurrent_chats, start_served, wait_until  # noqa: E402
+from _servekit import Scrape, Served, answer, concurrent_chats, start_served, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -98,3 +98,17 @@ def test_no_label_holds_a_request_id_or_prompt_text(traffic: tuple[list[tuple[in
     for sample in scrape.samples:
         for key, value in sample.labels.items():
             assert "request_id" not in key and not any(w in value for w in words), (sample.name, key, value)
+
+
+def test_answers_are_those_of_the_server_without_gpuprobe(
+        served: Served, traffic: tuple[list[tuple[int, int]], Scrape], tiny_model: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """gpuprobe never changes what the program does: the same chats, greedy, give the same answers."""
+    plain = start_served(tiny_model, tmp_path_factory.mktemp("serve-cb-plain"), "--continuous-batching",
+                         "--cb-num-blocks", "64", "--cb-max-batch-tokens", "64", plain=True)
+    try:
+        expected = [answer(plain.serve_port, i) for i in range(3)]  # type: ignore[arg-type]
+    finally:
+        plain.stop()
+    assert [answer(served.serve_port, i) for i in range(3)] == expected  # type: ignore[arg-type]
+    assert any(expected)  # the answers hold text to compare
