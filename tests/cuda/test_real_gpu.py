@@ -43,7 +43,34 @@ def busy(ms: float, device: int | None = None) -> None:
     torch.cuda._sleep(int(ms * 1.4e6))  # _sleep spins for a number of cycles: ~1.4 GHz
 
 
+def test_a_program_that_reaches_cuda_only_through_an_extension_gets_host_time_until_torch_initializes_it() -> None:
+    """torch.cuda._sleep launches a kernel without torch's Python-level initialization: gpuprobe never
+    initializes CUDA itself (a forked child could then not use it), so device spans wait for it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, gpuprobe\n"
+        "from gpuprobe import probe\n"
+        "from gpuprobe.testing import InMemoryExporter\n"
+        "with InMemoryExporter() as exp:\n"
+        "    with probe('spin'):\n"
+        "        torch.cuda._sleep(1_000_000)\n"
+        "    before = len(exp.values('gpuprobe.probe.duration', probe='spin', clock='device'))\n"
+        "    torch.cuda.init()\n"
+        "    with probe('spin'):\n"
+        "        torch.cuda._sleep(1_000_000)\n"
+        "    torch.cuda.synchronize()\n"
+        "    gpuprobe.collect()\n"
+        "    after = len(exp.values('gpuprobe.probe.duration', probe='spin', clock='device'))\n"
+        "print(torch.cuda.is_initialized(), before, after)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "0", "1"]
+
+
 def test_device_spans_resolve_without_synchronizing() -> None:
+    torch.cuda.init()  # busy() launches through torch.cuda._sleep, which does not initialize torch's CUDA
     with InMemoryExporter() as exp:
         p = probe("spin")
         for _ in range(5):

@@ -83,3 +83,28 @@ def test_memory_gauges_report_the_cuda_allocator():
     allocated = values["gpuprobe.memory.allocated"][0]
     assert allocated.labels["device"].startswith("cuda:") and allocated.value > 0
     assert values["gpuprobe.memory.reserved"][0].value >= allocated.value
+
+
+def test_continuous_batching_on_the_gpu_returns_every_request_with_device_ttft():
+    """generate_batch on a CUDA model: every request back with the tokens of the uninstrumented run, and
+    one device-clock TTFT per request, no longer than its host-clock TTFT."""
+    import transformers
+
+    reset(device_timing="cuda")
+    model = cuda_model()
+    prompts = [[3 + (i * 7 + j) % 120 for j in range(n)] for i, n in enumerate((5, 9, 12, 20, 7, 3))]
+    gen = transformers.GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cfg = transformers.ContinuousBatchingConfig(num_blocks=64, page_size=16, max_batch_tokens=64)
+    plain = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cfg)
+    expected = sorted((o.prompt_ids, o.generated_tokens) for o in plain.values())
+    instrument(model, model_name="cb")
+    try:
+        out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cfg)
+    finally:
+        uninstrument(model)
+    assert sorted((o.prompt_ids, o.generated_tokens) for o in out.values()) == expected
+    torch.cuda.synchronize()  # the test waits; gpuprobe itself never does
+    points = {(p.labels["clock"]): p for d in gpuprobe.collect() if d.spec.name == "gen_ai.server.time_to_first_token"
+              for p in d.points}
+    assert points["device"].count == len(prompts) == points["host"].count
+    assert 0 < points["device"].sum <= points["host"].sum
