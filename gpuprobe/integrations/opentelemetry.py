@@ -61,7 +61,7 @@ class GpuprobeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     _patched = False
 
     def instrumentation_dependencies(self) -> Collection[str]:
-        """The transformers versions the integration supports (``transformers >=5.0,<6``)."""
+        """The transformers versions the integration supports (``transformers >=5.18,<6``)."""
         from .transformers import SUPPORTED_VERSIONS
 
         return (f"transformers {SUPPORTED_VERSIONS}",)

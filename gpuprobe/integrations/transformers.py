@@ -24,7 +24,7 @@ Continuous batching (``generate_batch``, ``init_continuous_batching``, ``transfo
 --continuous-batching``) is observed through the manager ``init_continuous_batching`` returns: per
 request, per scheduler step and the paged KV cache (see :mod:`._hf_continuous` and ``docs/serving.md``).
 
-Supported: transformers >= 5.0, < 6 (tested with 5.23); greedy, sampling and beam search, static and
+Supported: transformers >= 5.18, < 6 (tested with 5.18 and 5.24, docs/compatibility.md); greedy, sampling and beam search, static and
 dynamic caches, streamers, user logits processors and stopping criteria. Other decoding modes
 (assisted decoding, custom ``generate`` functions) get the per-call metrics only.
 """
@@ -60,9 +60,9 @@ __all__ = [
     "UnsupportedModelError",
 ]
 
-SUPPORTED_VERSIONS = ">=5.0,<6"
+SUPPORTED_VERSIONS = ">=5.18,<6"
 TESTED_VERSION = "5.24"
-_MIN, _MAX = (5, 0), (6, 0)
+_MIN, _MAX = (5, 18), (6, 0)
 
 M = TypeVar("M")
 C = TypeVar("C", bound=type)

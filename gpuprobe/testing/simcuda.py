@@ -1259,6 +1259,9 @@ class _SimKinetoEventMethods:
     def metadata_json(self) -> str:
         return ""
 
+    def typed_metadata(self) -> dict[str, Any]:  # torch 2.15: the metadata as a dict (none here)
+        return {}
+
     def extra_meta(self) -> dict[str, str]:
         return {}
 
@@ -1290,7 +1293,7 @@ class _SimKinetoEventMethods:
 # The torch releases whose profiler the simulated one was run against (tests/simcuda), and the oldest
 # it installs on: torch 2.2's profiler computes its events on exit and gives kineto times in
 # microseconds, and much else of the simulation (torch.AcceleratorError, ...) is newer than 2.2.
-_PROFILER_CHECKED_ON = "2.11.0 and 2.13.0"
+_PROFILER_CHECKED_ON = "2.11.0, 2.13.0 and 2.15.0"
 _OLDEST_TORCH = (2, 11)
 # The simulated event class made for each torch _KinetoEvent class (a stand-in of another release's
 # shape included), so that events of one session share one class.
@@ -1512,7 +1515,12 @@ def _make_profiler_classes(sim: SimulatedCuda, real_profile: type, real_record_f
             self._sim_cpu = bool(self.activities - {act.CUDA})
             cfg = self.experimental_config
             self._sim_sync_events = bool(cfg is not None and sync_field is not None and cfg.__getstate__()[sync_field])
-            self._sim_filters = dict(getattr(self, "activity_filters", None) or {})  # torch 2.13's {activity: [names]}
+            filters = getattr(self, "activity_filters", None)  # torch 2.13's {activity: [names]}
+            if filters is None:  # torch 2.15: {activity: ProfilerActivityConfig(activity_types=[names])}
+                configs = getattr(self, "activity_configs", None) or {}
+                filters = {a: c.activity_types for a, c in configs.items()
+                           if getattr(c, "activity_types", None) is not None}
+            self._sim_filters = dict(filters or {})
             flt = self._sim_filters.get(act.CUDA)
             self._sim_allowed = None if flt is None else frozenset(flt)
 

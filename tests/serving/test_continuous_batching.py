@@ -3,6 +3,7 @@ what each request, step and the paged cache record."""
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
@@ -160,6 +161,37 @@ def test_requests_of_a_failed_loop_end_with_error_type_failed(model: Any) -> Non
     assert _count("gen_ai.client.token.usage") == 0  # no usage for requests that failed
 
 
+def test_every_request_comes_back_with_the_tokens_of_the_uninstrumented_model(cpu_batching: None) -> None:
+    """generate_batch and a manager from init_continuous_batching (add_request / get_result), with and
+    without gpuprobe: the same tokens for every request, and every request measured."""
+    prompts = _prompts()
+    plain = tiny_llama()
+    expected = sorted((o.prompt_ids, o.generated_tokens) for o in _generate(plain, prompts).values())
+    gen = transformers.GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cfg = transformers.ContinuousBatchingConfig(num_blocks=64, page_size=16, max_batch_tokens=64)
+
+    def manager_run(model: Any) -> list[list[int]]:
+        manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
+        manager.start()
+        try:
+            ids = [manager.add_request(p, max_new_tokens=5) for p in prompts[:3]]
+            return [manager.get_result(request_id=rid, timeout=60).generated_tokens for rid in ids]
+        finally:
+            manager.stop(block=True, timeout=60)
+
+    expected_manager = manager_run(plain)
+    model = hf.instrument(tiny_llama(), model_name=MODEL)
+    try:
+        got = sorted((o.prompt_ids, o.generated_tokens) for o in _generate(model, prompts).values())
+        got_manager = manager_run(model)
+    finally:
+        hf.uninstrument(model)
+    assert got == expected and got_manager == expected_manager
+    assert _count("gen_ai.server.request.duration", **{"gen_ai.request.model": MODEL}) == len(prompts) + 3
+    assert _count("gen_ai.server.time_to_first_token", clock="host") == len(prompts) + 3
+    assert _count("gpuprobe.request.queue.duration", model=MODEL) == len(prompts) + 3
+
+
 # -- per step ------------------------------------------------------------------------------------------
 
 def test_batch_tokens_split_prompt_tokens_from_generated_ones(model: Any) -> None:
@@ -175,7 +207,12 @@ def test_batch_tokens_split_prompt_tokens_from_generated_ones(model: Any) -> Non
 
 
 def test_schedule_forward_and_update_add_up_to_the_step(model: Any) -> None:
-    _generate(model, _prompts())
+    gc.collect()
+    gc.disable()  # a collection between two components would be the step's time, in none of them
+    try:
+        _generate(model, _prompts())
+    finally:
+        gc.enable()
     step = _sum("gpuprobe.step.duration", model=MODEL, clock="host")
     parts = {c: _sum("gpuprobe.step.component.duration", model=MODEL, component=c)
              for c in ("schedule", "forward", "update")}

@@ -242,7 +242,7 @@ def test_install_is_refused_where_torch_has_no_kineto_events(monkeypatch: pytest
     """Refused at install, with the releases the simulated profiler follows, and nothing left patched."""
     available = torch.cuda.is_available
     monkeypatch.delattr(torch._C._autograd, "_KinetoEvent")
-    with pytest.raises(RuntimeError, match=r"no torch\._C\._autograd\._KinetoEvent.*torch 2\.11\.0 and 2\.13\.0"):
+    with pytest.raises(RuntimeError, match=r"no torch\._C\._autograd\._KinetoEvent.*torch 2\.11\.0, 2\.13\.0 and 2\.15\.0"):
         SimulatedCuda(devices=1).install()
     assert torch.cuda.is_available is available
 
@@ -252,7 +252,7 @@ def test_install_is_refused_on_a_torch_older_than_the_simulated_profiler_follows
     """torch 2.2's profiler computes its events on exit and times kineto events in microseconds."""
     available = torch.cuda.is_available
     monkeypatch.setattr(torch, "__version__", "2.2.2+cu121")
-    with pytest.raises(RuntimeError, match=r"needs torch>=2\.11: .*torch 2\.11\.0 and 2\.13\.0, and torch 2\.2\.2"):
+    with pytest.raises(RuntimeError, match=r"needs torch>=2\.11: .*torch 2\.11\.0, 2\.13\.0 and 2\.15\.0, and torch 2\.2\.2"):
         SimulatedCuda(devices=1).install()
     assert torch.cuda.is_available is available
 

@@ -98,6 +98,7 @@ def test_deep_copy_of_an_instrumented_model_is_a_plain_model(make_model):
     hf.instrument(clone, model_name="clone")
     clone.generate(prompt(), max_new_tokens=2)
     assert ttft_count("clone") == 1
+    hf.uninstrument(clone)
 
 
 def test_pickled_instrumented_model_loads_uninstrumented(make_model):
