@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuprobe import dashboards as dash
 from gpuprobe._metrics import SPECS, prometheus_name
+from gpuprobe.errors import ConfigError
 
 from .promstack import DASHBOARD_DIR, ROOT, Stack, shipped_dashboards, wait_until
 
@@ -33,7 +34,13 @@ def _verify_until_ok(stack: Stack, boards: list[dict], chosen: dict[str, list[st
     while True:
         for p in stack.procs:
             p.check_alive()
-        results = dash.verify(stack.prom, boards, chosen, gpu_only=gpu_only)
+        try:
+            results = dash.verify(stack.prom, boards, chosen, gpu_only=gpu_only)
+        except ConfigError:  # a chosen value Prometheus does not offer yet (the workload's first scrapes)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+            continue
         if all(r.ok for r in results) or time.monotonic() > deadline:
             return results
         time.sleep(1)
