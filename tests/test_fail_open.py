@@ -134,41 +134,33 @@ def _batch_workload(model: Any) -> list[Any]:
     return results
 
 
-def _run_generate(instrumented: bool, cls_wide: bool = False) -> list[Any]:
+def _run_model(workload: Callable[[Any], list[Any]], instrumented: bool, cls_wide: bool) -> list[Any]:
+    """``workload`` on a fresh tiny Llama: plain, instrumented, or instrumented class-wide."""
     model = _tiny_llama()
     if not instrumented:
-        return _generate_workload(model)
+        return workload(model)
     if cls_wide:
         hf.instrument_class(type(model))
         try:
-            return _generate_workload(model)
+            return workload(model)
         finally:
             hf.uninstrument_class(type(model))
     hf.instrument(model)
     try:
-        return _generate_workload(model)
+        return workload(model)
     finally:
         hf.uninstrument(model)
+
+
+def _run_generate(instrumented: bool, cls_wide: bool = False) -> list[Any]:
+    return _run_model(_generate_workload, instrumented, cls_wide)
 
 
 def _run_batch(instrumented: bool, cls_wide: bool = False) -> list[Any]:
     reason = cpu_continuous_batching_cannot_pin()
     if reason:
         pytest.skip(reason)
-    model = _tiny_llama()
-    if not instrumented:
-        return _batch_workload(model)
-    if cls_wide:
-        hf.instrument_class(type(model))
-        try:
-            return _batch_workload(model)
-        finally:
-            hf.uninstrument_class(type(model))
-    hf.instrument(model)
-    try:
-        return _batch_workload(model)
-    finally:
-        hf.uninstrument(model)
+    return _run_model(_batch_workload, instrumented, cls_wide)
 
 
 def _run_cuda_graph(instrumented: bool) -> list[Any]:
