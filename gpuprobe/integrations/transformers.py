@@ -119,7 +119,7 @@ def check_version() -> str:
 
 def _check_model(model: Any) -> Any:
     tr = _transformers()
-    version = check_version()
+    check_version()
     mixin = tr.GenerationMixin
     if isinstance(model, type):
         raise UnsupportedModelError(
