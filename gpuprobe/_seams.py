@@ -86,7 +86,7 @@ class Seam:
     """
 
     __slots__ = ("name", "target", "library", "attribute", "reads", "group", "scenario", "switch",
-                 "refused", "installs", "failures", "replacements", "__weakref__")
+                 "refused", "installs", "replacements", "__weakref__")
 
     def __init__(self, name: str, *, target: str, library: str, attribute: str | None = None,
                  reads: tuple[str, ...] = (), group: str | None = None, scenario: str = "") -> None:
@@ -104,7 +104,6 @@ class Seam:
         self.switch = switch
         self.refused: str | None = None  # the last shape mismatch: not installed, and why
         self.installs = 0  # patches in place now
-        self.failures = 0
         self.replacements: weakref.WeakSet[Any] = weakref.WeakSet()  # built by wrap()/wrap_method()
 
     @property
@@ -157,7 +156,6 @@ class Seam:
         """
         try:
             switch = self.switch
-            self.failures += 1
             if not switch.on:
                 return
             switch.on = False
@@ -245,9 +243,6 @@ class Patch:
             d[name] = self.previous
         return True
 
-    @property
-    def live(self) -> bool:
-        return self.replacement is not None
 
 
 def declare(name: str, **fields: Any) -> Seam:
@@ -294,7 +289,6 @@ def reset() -> None:
             switch.on = True
             switch.why = None
         for s in _registry.values():
-            s.failures = 0
             s.refused = None
 
 
@@ -526,10 +520,6 @@ class ArgReader:
         if i is not None and i < len(args):
             return args[i]
         return default
-
-    def position(self, name: str) -> int | None:
-        """Where ``name`` sits among the positional arguments, if it can be passed by position."""
-        return self._positions.get(name)
 
 
 # -- messages ---------------------------------------------------------------------------------------
