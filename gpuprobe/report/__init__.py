@@ -22,6 +22,7 @@ from gpuprobe.report._events import Event, us_to_ns
 if TYPE_CHECKING:
     from gpuprobe.report._analysis import BACKENDS, DEFAULT_STEP_PATTERN, PROFILER_STEP_PATTERN, analyze
     from gpuprobe.report._diff import DiffReport, diff
+    from gpuprobe.report._ranks import analyze_ranks
     from gpuprobe.report._render import plot, render
     from gpuprobe.report.loaders import Trace, load
     from gpuprobe.report.model import SECTIONS, Report
@@ -33,6 +34,7 @@ _LAZY = {
     "DEFAULT_STEP_PATTERN": "gpuprobe.report._analysis",
     "PROFILER_STEP_PATTERN": "gpuprobe.report._analysis",
     "analyze": "gpuprobe.report._analysis",
+    "analyze_ranks": "gpuprobe.report._ranks",
     "DiffReport": "gpuprobe.report._diff",
     "diff": "gpuprobe.report._diff",
     "plot": "gpuprobe.report._render",
@@ -69,6 +71,7 @@ __all__ = [
     "ReportInputError",
     "Trace",
     "analyze",
+    "analyze_ranks",
     "categorize_kernel",
     "diff",
     "kernel_family",

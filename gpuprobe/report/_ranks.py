@@ -62,7 +62,8 @@ from gpuprobe.report.model import (
     Summary,
 )
 
-__all__ = ["RankResult", "analyze_ranks", "rank_files", "rank_units", "several_ranks", "worker_main", "TRACE_SUFFIXES"]
+__all__ = ["RankResult", "analyze_ranks", "rank_files", "rank_units", "several_ranks", "rank_task", "worker_main",
+           "TRACE_SUFFIXES"]
 
 #: File names a directory of traces is read for.
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite")
@@ -159,8 +160,14 @@ def analyze_ranks(
     jobs: int | None = None,
     thresholds: Any = None,
     progress: Callable[[int, int], None] | None = None,
+    executor: concurrent.futures.Executor | None = None,
 ) -> tuple[Report, list[RankResult]]:
     """Analyse the traces of several ranks of one run, in parallel, and merge them.
+
+    Each rank is an independent task. By default the tasks run as local worker processes; pass an
+    ``executor`` you already have (a ``concurrent.futures.Executor``: a ``ProcessPoolExecutor``, Dask's
+    ``client.get_executor()``, Ray's ``RayExecutor``) to run them there instead. Its workers must import
+    the same gpuprobe and read the trace paths as given; only each rank's report travels back.
 
     Args:
         paths: Trace files, or directories of them.
@@ -172,6 +179,8 @@ def analyze_ranks(
             this process.
         thresholds: As in :func:`gpuprobe.report.analyze`.
         progress: Called with ``(ranks done, ranks)``.
+        executor: Run each rank as a task of this executor instead of a local worker process (then
+            ``jobs`` does not apply). gpuprobe neither starts nor shuts it down.
 
     Returns:
         The merged report, and each rank's result in rank order.
@@ -179,14 +188,26 @@ def analyze_ranks(
     Raises:
         ReportInputError: A trace cannot be read (its path is in the message).
         ConfigError: Bad options, or two traces that claim the same rank.
+
+    Example:
+        >>> from concurrent.futures import ProcessPoolExecutor
+        >>> with ProcessPoolExecutor(4) as pool:  # doctest: +SKIP
+        ...     merged, ranks = analyze_ranks(["traces/"], executor=pool)
     """
     files = rank_files(paths)
     if jobs is not None and jobs < 1:
         raise ConfigError(f"jobs must be at least 1, not {jobs}")
+    if executor is not None and jobs is not None:
+        raise ConfigError("jobs and executor exclude each other: the executor decides how many ranks run at once")
+    if executor is not None and not isinstance(executor, concurrent.futures.Executor):
+        raise ConfigError(f"executor must be a concurrent.futures.Executor, not {type(executor).__name__}")
     limits = parse_thresholds(thresholds if not isinstance(thresholds, str) else [thresholds])
     options = Options(top=_ALL, step_pattern=step_pattern, small_ns=int(round(small_us * 1000)), thresholds=limits)
     units = rank_units(files)
-    results = _run_all(units, options, engine, jobs or os.cpu_count() or 1, progress, top)
+    if executor is not None:
+        results = _run_on(executor, units, options, engine, progress, top)
+    else:
+        results = _run_all(units, options, engine, jobs or os.cpu_count() or 1, progress, top)
     sources = sorted({r.rank_source for r in results if r.rank_source is not None})
     source = " and ".join(_RANK_SOURCES.get(s, s) for s in sources)
     ranks = [r.rank for r in results]
@@ -220,10 +241,7 @@ def _run_all(
     # One child process per trace (see _WORKER), `jobs` at a time: a worker's
     # memory is one trace's and is returned to the system when it exits; unlike a multiprocessing
     # pool, nothing depends on how the caller's __main__ can be re-imported.
-    spec = json.dumps({
-        "engine": engine, "top": options.top, "step_pattern": options.step_pattern, "small_ns": options.small_ns,
-        "thresholds": dict(options.thresholds or {}), "longest": longest,
-    })
+    spec = json.dumps(_task_spec(options, engine, longest))
     done = 0
     lock = threading.Lock()
     # the workers import the same gpuprobe as this process, whatever their working directory holds
@@ -235,24 +253,76 @@ def _run_all(
         argv = [sys.executable, "-c", _WORKER, root, path, "" if process is None else str(process), spec]
         proc = subprocess.run(argv, capture_output=True)
         try:
-            status, payload = pickle.loads(proc.stdout)
+            outcome = pickle.loads(proc.stdout)
         except Exception:
             detail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
             raise RuntimeError(f"the worker for {path} failed: {detail[0]}") from None
-        if status == "input":
-            raise ReportInputError(path, payload)
-        if status == "config":
-            raise ConfigError(payload)
-        if status == "error":
-            raise RuntimeError(f"the worker for {path} failed: {payload}")
+        result = _unpack(path, outcome)
         with lock:
             done += 1
             if progress is not None:
                 progress(done, total)
-        return payload  # type: ignore[no-any-return]
+        return result
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(jobs, total)) as pool:
         return list(pool.map(one, units))
+
+
+def _run_on(
+    executor: concurrent.futures.Executor,
+    units: list[tuple[str, int | None]],
+    options: Options,
+    engine: str,
+    progress: Callable[[int, int], None] | None,
+    longest: int,
+) -> list[RankResult]:
+    """Each rank as one task of the caller's executor; results in ``units`` order."""
+    spec = _task_spec(options, engine, longest)
+    futures = {executor.submit(rank_task, path, process, spec): i for i, (path, process) in enumerate(units)}
+    out: list[RankResult | None] = [None] * len(units)
+    try:
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            i = futures[future]
+            out[i] = _unpack(units[i][0], future.result())
+            if progress is not None:
+                progress(done, len(units))
+    finally:
+        for future in futures:
+            future.cancel()  # after a failure, the ranks not yet started are not run for nothing
+    return [r for r in out if r is not None]
+
+
+def _task_spec(options: Options, engine: str, longest: int) -> dict[str, Any]:
+    """What a rank's task needs besides its trace: plain data, so it travels as JSON or pickle."""
+    return {"engine": engine, "top": options.top, "step_pattern": options.step_pattern, "small_ns": options.small_ns,
+            "thresholds": dict(options.thresholds or {}), "longest": longest}
+
+
+def _unpack(path: str, outcome: tuple[str, Any]) -> RankResult:
+    """A task's ``(status, payload)`` as its result, or the error it stands for."""
+    status, payload = outcome
+    if status == "input":
+        raise ReportInputError(path, payload)
+    if status == "config":
+        raise ConfigError(payload)
+    if status == "error":
+        raise RuntimeError(f"the worker for {path} failed: {payload}")
+    return payload  # type: ignore[no-any-return]
+
+
+def rank_task(path: str, process: int | None, spec: dict[str, Any]) -> tuple[str, Any]:
+    """One rank as a task (of a worker process or an executor): ``("ok", RankResult)`` or the error's kind
+    and text — plain values, so no exception class needs to unpickle on the caller's side."""
+    options = Options(top=spec["top"], step_pattern=spec["step_pattern"], small_ns=spec["small_ns"],
+                      thresholds=spec["thresholds"])
+    try:
+        return ("ok", _work(path, process, options, spec["engine"], spec["longest"]))
+    except ReportInputError as exc:
+        return ("input", exc.problem)
+    except ConfigError as exc:
+        return ("config", str(exc))
+    except Exception as exc:  # reported by the caller as an internal error
+        return ("error", f"{type(exc).__name__}: {exc}")
 
 
 # A worker: gpuprobe imported from where this process has it, one rank read, its result pickled on
@@ -266,19 +336,7 @@ _WORKER = (
 def worker_main(argv: list[str]) -> int:
     """One rank (``argv``: the trace, its process id or "", the options as JSON), its result pickled on stdout."""
     path, process_text, spec_text = argv
-    process = int(process_text) if process_text else None
-    spec = json.loads(spec_text)
-    options = Options(top=spec["top"], step_pattern=spec["step_pattern"], small_ns=spec["small_ns"],
-                      thresholds=spec["thresholds"])
-    payload: tuple[str, Any]
-    try:
-        payload = ("ok", _work(path, process, options, spec["engine"], spec["longest"]))
-    except ReportInputError as exc:
-        payload = ("input", exc.problem)
-    except ConfigError as exc:
-        payload = ("config", str(exc))
-    except Exception as exc:  # reported by the parent as an internal error
-        payload = ("error", f"{type(exc).__name__}: {exc}")
+    payload = rank_task(path, int(process_text) if process_text else None, json.loads(spec_text))
     sys.stdout.buffer.write(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
     sys.stdout.buffer.flush()
     return 0

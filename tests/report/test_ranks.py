@@ -4,6 +4,7 @@ events, ranks from distributedInfo, stragglers, skew, the CLI and diff of two di
 
 from __future__ import annotations
 
+import concurrent.futures
 import gzip
 import json
 import shutil
@@ -14,7 +15,7 @@ import pytest
 from conftest import read_trace, to_ns
 
 from gpuprobe.errors import ConfigError
-from gpuprobe.report import analyze, diff
+from gpuprobe.report import ReportInputError, analyze, diff
 from gpuprobe.report._ranks import analyze_ranks
 from gpuprobe.report.cli import EXIT_BAD_INPUT, main_diff, main_report
 
@@ -270,3 +271,34 @@ def test_an_nsys_export_of_several_processes_is_one_rank_per_process(
     assert main_report([str(path), "--format", "json", "--sections", "ranks", "--jobs", "2"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert [row["rank"] for row in shown["ranks"]["rows"]] == [0, 1]
+
+
+def test_an_executor_of_the_callers_runs_each_rank_as_a_task(dlrm: Any) -> None:
+    # A real executor of another kind than gpuprobe's own workers: the merged report is the same.
+    seen: list[tuple[int, int]] = []
+    with concurrent.futures.ProcessPoolExecutor(2) as pool:
+        merged, results = analyze_ranks([DLRM], executor=pool, progress=lambda done, total: seen.append((done, total)))
+    assert merged.to_dict() == dlrm[0].to_dict()
+    assert [r.rank for r in results] == [r.rank for r in dlrm[1]]
+    assert [done for done, _ in seen] == list(range(1, 9)) and {total for _, total in seen} == {8}
+
+
+def test_an_executor_task_that_cannot_read_its_trace_names_the_file(tmp_path: Path) -> None:
+    shutil.copy(DLRM / "rank-0.json.gz", tmp_path / "a.json.gz")
+    (tmp_path / "b.json").write_text('{"traceEvents": [')
+    with concurrent.futures.ThreadPoolExecutor(2) as pool, pytest.raises(ReportInputError, match="b.json"):
+        analyze_ranks([tmp_path], executor=pool)
+
+
+def test_an_executor_takes_the_place_of_jobs() -> None:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, pytest.raises(ConfigError, match="jobs and executor"):
+        analyze_ranks([DLRM], executor=pool, jobs=2)
+    with pytest.raises(ConfigError, match="concurrent.futures.Executor, not Pool"):
+        analyze_ranks([DLRM], executor=Pool())  # type: ignore[arg-type]
+
+
+class Pool:
+    """Something with ``submit`` that is not a ``concurrent.futures.Executor``."""
+
+    def submit(self, fn: Any, *args: Any) -> None:
+        raise AssertionError("never called")
