@@ -165,7 +165,8 @@ def _new_or_increased(expr_by: str, sel: str) -> str:
 
 def alert_rules(ttft_seconds: float = TTFT_ALERT_SECONDS, queue_seconds: float = QUEUE_ALERT_SECONDS,
                 kv_cache_usage: float = KV_CACHE_ALERT_USAGE) -> dict[str, Any]:
-    """A few alerts: slow first token, dropped telemetry, failing generate() calls, a rank gone; for
+    """A few alerts: slow first token, dropped telemetry, a seam switched off, failing generate() calls, a
+    rank gone; for
     continuous batching, a KV cache that stays full and requests that queue too long.
 
     Args:
@@ -185,6 +186,7 @@ def alert_rules(ttft_seconds: float = TTFT_ALERT_SECONDS, queue_seconds: float =
     queue = recorded_name("gpuprobe.request.queue.duration", "p95")
     kv, kv_model = series("gpuprobe.kv_cache.usage"), model_label("gpuprobe.kv_cache.usage")
     dropped = series("gpuprobe.telemetry.dropped")
+    seam_off = series("gpuprobe.seam.disabled")
     where = "{{ $labels.instance }} rank {{ $labels." + RANK + " }}"
     return {"groups": [{"name": "gpuprobe-alerts", "rules": [
         {"alert": "GpuprobeTimeToFirstTokenHigh", "expr": f"{ttft} > {ttft_seconds:g}", "for": "5m",
@@ -198,6 +200,15 @@ def alert_rules(ttft_seconds: float = TTFT_ALERT_SECONDS, queue_seconds: float =
          "annotations": {"summary": "gpuprobe dropped telemetry ({{ $labels.reason }}) on " + where,
                          "description": "Dashboards undercount while records are dropped; see "
                                         "docs/metrics.md, section Dropped telemetry."}},
+        {"alert": "GpuprobeSeamDisabled",
+         # A seam stays off until the process restarts: the alert lasts as long as its counter does.
+         "expr": f"max by (job, instance, {RANK}, seam) ({seam_off}) > 0",
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": "gpuprobe switched its seam {{ $labels.seam }} off on " + where,
+                         "description": "gpuprobe's own work in this seam failed, so it passes calls through "
+                                        "unmeasured: the program runs as without gpuprobe, but the metrics that "
+                                        "seam feeds stop. gpuprobe.info()[\"seams\"] and the process's warning "
+                                        "name the failure and the versions (docs/architecture.md, Seams)."}},
         {"alert": "GpuprobeGenerationErrors",
          "expr": _new_or_increased(f"job, instance, {RANK}, {model}, {ERROR_TYPE}", errors),
          "labels": {"severity": "warning"},
