@@ -2,9 +2,10 @@
 
 Two engines yield the same raw events:
 
-- ``stdlib``: a top-level scanner that hands each element of ``traceEvents`` to
-  :meth:`json.JSONDecoder.raw_decode` on a sliding text buffer. Float literals stay as their
-  text (:class:`~gpuprobe.report._events.FloatText`) so times convert to nanoseconds exactly.
+- ``stdlib``: a top-level scanner that hands the elements of ``traceEvents`` to
+  :meth:`json.JSONDecoder.raw_decode` on a sliding text buffer, in batches of whole elements where
+  it can, else one by one. Float literals stay as their text
+  (:class:`~gpuprobe.report._events.FloatText`) so times convert to nanoseconds exactly.
 - ``ijson``: the reference twin, built on ijson's event stream (C backend ``yajl2_c`` when
   present) with numbers as :class:`~decimal.Decimal`.
 
@@ -44,6 +45,8 @@ _CHUNK = 1 << 20  # why: 64 KiB to 4 MiB all scan 100 MB in 2.2-2.5 s here; 1 Mi
 _WS = re.compile(r"[ \t\n\r]*")
 _TAIL = 8  # a decode error this close to the buffer end may be a cut, not a fault
 _MARGIN = 1 << 16  # elements starting closer than this to the buffer end wait for the next chunk
+_BATCH = 1 << 14  # characters of elements decoded in one call at most
+_MISSES = 4  # batches that failed to decode before a stream is read element by element only
 
 
 class TraceFormatError(Exception):
@@ -186,6 +189,7 @@ def _array_items(sc: _Scanner) -> Iterator[Any]:
         return
     decode = sc.decode
     ws = _WS.match
+    misses = 0
     while True:
         buf = sc.buf
         pos = ws(buf, sc.pos).end()  # type: ignore[union-attr]
@@ -194,6 +198,30 @@ def _array_items(sc: _Scanner) -> Iterator[Any]:
         # (counting the lines of the whole buffer) before the refill: 0.2 s per 200 MB. Elements that
         # start this far from the end are refilled first; longer ones still take the general path.
         safe = n if sc.eof else n - _MARGIN
+        # Why batches: the elements up to the last "}," within _BATCH characters are decoded as one array,
+        # in one call of json's C scanner instead of one call each: 22 % less CPU for the raw events of a
+        # 40 MB synthetic trace (0.51 -> 0.40 s), 12 % on a real 26 MB one (0.31 -> 0.27 s). 16 KiB batches
+        # keep the decoded elements young enough for the garbage collector: 1 MiB ones cost more than
+        # they saved. A batch counts only if its text decodes to one array exactly — a "}," inside a
+        # string or a nested object leaves a string or a bracket open — so a batch gives exactly what
+        # one-by-one decoding gives (tests/report/test_loaders.py checks the two against each other). A
+        # failed batch sends the rest of the buffer one by one; after _MISSES failures, the whole stream.
+        while misses < _MISSES and pos < safe:
+            cut = buf.rfind("},", pos, min(safe, pos + _BATCH))
+            if cut <= pos:
+                break
+            text = "[" + buf[pos : cut + 1] + "]"
+            try:
+                batch, end = decode(text)
+            except json.JSONDecodeError:
+                end = -1
+            except RecursionError:
+                raise TraceFormatError("invalid JSON: nested too deeply") from None
+            if end != len(text):  # not whole elements, or a "}," past the end of the list
+                misses += 1
+                break
+            yield from batch
+            pos = ws(buf, cut + 2).end()  # type: ignore[union-attr]
         # why: elements that lie wholly inside the buffer skip the general (refilling) path;
         # 2.1x faster on a 100 MB trace. Anything unusual drops to the general path below.
         while pos < safe:

@@ -203,3 +203,77 @@ def test_nsys_schema_without_optional_columns_still_loads(tmp_path: Path, make_n
 def test_missing_file_is_a_report_input_error(tmp_path: Path) -> None:
     with pytest.raises(ReportInputError, match="no such file"):
         load(tmp_path / "nope.json")
+
+
+# Batches of elements decoded at once (_kineto._array_items): the element-by-element path is their twin.
+_TRICKY_TEXT = st.text(alphabet=st.sampled_from(list('}],{["\\ \nab')), max_size=8) if (
+    st := pytest.importorskip("hypothesis.strategies")) else None
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(10**12), 10**12), _TRICKY_TEXT,
+                  st.decimals(allow_nan=False, allow_infinity=False, places=3).map(float))
+_value = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TRICKY_TEXT, inner, max_size=3),
+                      max_leaves=8)
+
+
+def _raw(text: str, chunk: int, batches: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], dict[str, Any]]:
+    from gpuprobe.report import _kineto
+
+    monkeypatch.setattr(_kineto, "_MISSES", _kineto._MISSES if batches else 0)
+    meta: dict[str, Any] = {}
+    return list(iter_raw_stdlib(io.StringIO(text), meta, chunk=chunk)), meta
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_batches_give_the_elements_one_by_one_decoding_gives(indent: int | None) -> None:
+    hypothesis = pytest.importorskip("hypothesis")
+
+    @hypothesis.settings(deadline=None, derandomize=True, database=None, max_examples=300,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(events=st.lists(st.dictionaries(_TRICKY_TEXT, _value, max_size=4) | _value, max_size=12),
+                      after=st.dictionaries(_TRICKY_TEXT, _value, max_size=2), chunk=st.sampled_from([3, 64, 1 << 20]))
+    def check(events: list[Any], after: dict[str, Any], chunk: int) -> None:
+        text = json.dumps({"traceEvents": events, **{k: v for k, v in after.items() if k != "traceEvents"}},
+                          indent=indent)
+        with pytest.MonkeyPatch.context() as mp:
+            batched = _raw(text, chunk, True, mp)
+            single = _raw(text, chunk, False, mp)
+        whole = json.loads(text, parse_float=FloatText)
+        assert batched == single
+        assert batched[0] == whole["traceEvents"]
+
+    check()
+
+
+def test_a_comma_after_a_brace_inside_a_string_fails_its_batch_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each event ends with a string holding "},": a batch cut there leaves the string open and fails;
+    # those elements are read one by one, and the result is the same.
+    from gpuprobe.report import _kineto
+
+    events = [{"ph": "X", "args": {"a": {"b": 1}, "c": i}, "name": "k}," * (1 + i % 3)} for i in range(5000)]
+    text = json.dumps({"traceEvents": events}, separators=(",", ":"))
+    failed = []
+    decode = _kineto.json.JSONDecoder.raw_decode
+
+    def watched(self: Any, s: str, idx: int = 0) -> Any:
+        try:
+            return decode(self, s, idx)
+        except json.JSONDecodeError:
+            failed.append(idx)
+            raise
+
+    monkeypatch.setattr(_kineto.json.JSONDecoder, "raw_decode", watched)
+    got, _ = _raw(text, 1 << 16, True, monkeypatch)
+    assert got == events
+    assert failed  # some batches were cut inside a string
+
+
+def test_batches_decode_many_elements_per_call(monkeypatch: pytest.MonkeyPatch, kineto_min: Path) -> None:
+    from gpuprobe.report import _kineto
+
+    events = json.loads(kineto_min.read_text())["traceEvents"] * 200
+    text = json.dumps({"traceEvents": events}, indent=2)
+    calls = []
+    decode = _kineto.json.JSONDecoder.raw_decode
+    monkeypatch.setattr(_kineto.json.JSONDecoder, "raw_decode", lambda self, s, idx=0: calls.append(idx) or decode(self, s, idx))
+    got, _ = _raw(text, 1 << 20, True, monkeypatch)
+    assert got == json.loads(text, parse_float=FloatText)["traceEvents"]
+    assert len(calls) < len(events) / 10
