@@ -151,9 +151,9 @@ def _torch(ctx: _Context) -> Line:
     ctx.torch = torch
     version = str(torch.__version__)
     build = ("CUDA " + str(torch.version.cuda)) if getattr(torch.version, "cuda", None) else \
-        ("ROCm " + str(torch.version.hip)) if getattr(torch.version, "hip", None) else "CPU only"
-    details = {"installed": True, "version": version, "build": build}
-    reason = f"{version}, {build} build"
+        ("ROCm " + str(torch.version.hip)) if getattr(torch.version, "hip", None) else None
+    details = {"installed": True, "version": version, "build": build or "cpu"}
+    reason = f"{version}, built for {build}" if build else f"{version}, a CPU-only build"
     floor = _declared_floor("torch")
     if floor is not None:
         details["tested_floor"] = floor

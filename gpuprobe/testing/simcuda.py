@@ -24,7 +24,8 @@ What is simulated, each behaviour checked against torch 2.13's sources (cited in
   (``torch._C._cuda_attach_out_of_memory_observer``), memory history and snapshots in torch's layout;
 - ``torch.profiler.profile`` with CUDA activity: GPU kernels, memcpy/memset, GPU user annotations,
   sync records, one session per process, the synchronization on exit;
-- the sync debug mode, ``cudart()`` profiler start/stop, CUDA RNG seeds, and where tensors live for
+- the sync debug mode, ``cudart()`` profiler start/stop, CUDA RNG seeds, ``torch.cuda._sleep`` (a spin
+  kernel of so many clock cycles), and where tensors live for
   gpuprobe (:meth:`SimulatedCuda.place`).
 
 Behaviours that follow torch where intuition might not:
