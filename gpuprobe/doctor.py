@@ -32,6 +32,7 @@ import platform
 import re
 import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -55,7 +56,8 @@ usage: gpuprobe doctor [--json]
 
 What works on this machine and why not, one line each: Python, torch, transformers, CUDA devices
 (and whether their peaks are known for MBU/MFU), device timing, NVTX, kernel sampling, NVML, the
-Prometheus port, the OTLP endpoint, and the seams of the transformers integration.
+Prometheus port, the OTLP endpoint, the folders files are written to, and the seams of the
+transformers integration.
 
 Each line is ok, off (not asked for or not present: fine) or fail (asked for by the settings and
 not working, or broken). Exit status: 0 when no line fails, 1 otherwise (docs/doctor.md).
@@ -393,24 +395,82 @@ def _otlp(ctx: _Context) -> Line:
     # An empty ExportMetricsServiceRequest (zero bytes of protobuf): a collector accepts it and stores nothing.
     request = urllib.request.Request(url, data=b"", method="POST",
                                      headers={"Content-Type": "application/x-protobuf"})
+    answer: dict[str, Any] = {}
+
+    def push() -> None:
+        try:
+            with urllib.request.urlopen(request, timeout=wait) as response:  # noqa: S310 - http(s) (config)
+                answer["status"] = response.status
+        except Exception as exc:
+            answer["error"] = exc
+
+    # urlopen's timeout covers connecting and each read, not resolving the host name: a thread bounds it all.
     t0 = time.perf_counter()
-    try:
-        with urllib.request.urlopen(request, timeout=wait) as response:  # noqa: S310 - http(s) only (config)
-            status = response.status
-    except urllib.error.HTTPError as exc:
+    worker = threading.Thread(target=push, name="gpuprobe-doctor-otlp", daemon=True)
+    worker.start()
+    worker.join(wait + 0.5)
+    no_answer = f"{url}: no answer within {wait:g} s (GPUPROBE_OTLP_TIMEOUT)"
+    if worker.is_alive():
+        return Line("otlp", "fail", no_answer, details)
+    exc = answer.get("error")
+    if isinstance(exc, urllib.error.HTTPError):
         details["status"] = exc.code
         return Line("otlp", "fail", f"{url} answered HTTP {exc.code} {exc.reason} to an empty metrics push; "
                                     "is it the full metrics URL (…/v1/metrics)?", details)
-    except (urllib.error.URLError, OSError) as exc:
+    if exc is not None:
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, (socket.timeout, TimeoutError)):
-            why = f"no answer within {wait:g} s (GPUPROBE_OTLP_TIMEOUT)"
-        else:
-            why = f"unreachable ({reason})"
-        return Line("otlp", "fail", f"{url}: {why}", details)
+            return Line("otlp", "fail", no_answer, details)
+        return Line("otlp", "fail", f"{url}: unreachable ({reason})", details)
+    status = answer["status"]
     ms = (time.perf_counter() - t0) * 1e3
     details.update(status=status, elapsed_ms=round(ms, 1))
     return Line("otlp", "ok", f"{url} answered HTTP {status} in {ms:.0f} ms", details)
+
+
+def _files(ctx: _Context) -> Line:
+    s = ctx.settings
+    # (setting, directory, whether gpuprobe creates it when missing): what the settings ask to be written.
+    asked: list[tuple[str, str, bool]] = []
+    if s.jsonl:
+        asked.append(("GPUPROBE_JSONL", os.path.dirname(os.path.abspath(s.jsonl)), False))  # opened as it is
+    if s.snapshot_at_step is not None or s.snapshot_on_oom:
+        asked.append(("GPUPROBE_SNAPSHOT_DIR", s.snapshot_dir, True))
+    if s.profile_steps is not None and s.profile_output != "none":
+        where = "." if s.profile_output == "auto" else os.path.dirname(os.path.abspath(s.profile_output))
+        asked.append(("GPUPROBE_PROFILE_OUTPUT", where, True))
+    if s.profile_signal != "off" or s.profile_slow_step or (s.prometheus_port is not None and
+                                                             s.profile_endpoint != "off"):
+        asked.append(("GPUPROBE_PROFILE_DIR", s.profile_dir, True))
+    if not asked:
+        return Line("files", "off", "no setting asks for a file (JSONL, snapshots, traces)", {"directories": {}})
+    problems, shown = [], {}
+    for setting, directory, created in asked:
+        path = os.path.abspath(directory)
+        shown[setting] = path
+        why = _not_writable(path, created)
+        if why is not None:
+            problems.append(f"{setting}: {why}")
+    details = {"directories": shown}
+    if problems:
+        return Line("files", "fail", "; ".join(problems), details)
+    return Line("files", "ok", "writable: " + ", ".join(f"{k} {v}" for k, v in shown.items()), details)
+
+
+def _not_writable(path: str, created: bool) -> str | None:
+    """Why files cannot be written into directory ``path``, or None (``created``: missing folders are made)."""
+    if not os.path.exists(path):
+        if not created:
+            return f"the folder {path} does not exist"
+        parent = path
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            return f"{parent} is not a folder, so {path} cannot be made"
+        return None if os.access(parent, os.W_OK | os.X_OK) else f"{path} cannot be made: {parent} is not writable"
+    if not os.path.isdir(path):
+        return f"{path} is not a folder"
+    return None if os.access(path, os.W_OK | os.X_OK) else f"the folder {path} is not writable"
 
 
 # The modules that declare seams (each declares its own at import); imported so the registry is whole.
@@ -489,6 +549,7 @@ _CHECKS: tuple[tuple[str, Callable[[_Context], Line | list[Line]]], ...] = (
     ("nvml", _nvml),
     ("prometheus", _prometheus),
     ("otlp", _otlp),
+    ("files", _files),
     ("seams", _seams),
 )
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import versions  # noqa: E402 - scripts/versions.py reads pyproject.toml
 
 CHECKS = ["python", "settings", "torch", "transformers", "cuda", "device timing", "nvtx", "kernel sampling", "nvml",
-          "prometheus", "otlp", "seams"]
+          "prometheus", "otlp", "files", "seams"]
 NVML_SUPPORT = importlib.util.find_spec("gpuprobe._nvml") is not None
 
 
@@ -161,6 +161,7 @@ def test_every_line_on_a_cpu_machine_with_default_settings() -> None:
 
     assert lines["prometheus"].state == "off" and "GPUPROBE_PROMETHEUS_PORT is unset" in lines["prometheus"].reason
     assert lines["otlp"].state == "off" and "GPUPROBE_OTLP_ENDPOINT is unset" in lines["otlp"].reason
+    assert lines["files"].state == "off"
 
     assert lines["seams"].state == "ok", lines["seams"].notes
     rows = lines["seams"].details["seams"]
@@ -274,6 +275,31 @@ def test_an_otlp_endpoint_that_never_answers_fails_after_the_timeout(monkeypatch
     elapsed = time.monotonic() - t0
     assert line.state == "fail" and "no answer within 0.3 s" in line.reason
     assert 0.25 < elapsed < 3
+
+
+# -- files the settings ask for --------------------------------------------------------------------------------
+
+def test_files_into_a_missing_or_blocked_folder_fail(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GPUPROBE_JSONL", str(tmp_path / "absent" / "run.jsonl"))  # the exporter opens it as it is
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("GPUPROBE_SNAPSHOT_ON_OOM", "1")
+    monkeypatch.setenv("GPUPROBE_SNAPSHOT_DIR", str(blocker / "snapshots"))
+    lines, status = run()
+    assert status == 1 and lines["files"].state == "fail"
+    assert f"GPUPROBE_JSONL: the folder {tmp_path / 'absent'} does not exist" in lines["files"].reason
+    assert f"GPUPROBE_SNAPSHOT_DIR: {blocker} is not a folder" in lines["files"].reason
+
+
+def test_files_into_folders_that_exist_or_can_be_made_are_ok(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GPUPROBE_JSONL", str(tmp_path / "run.jsonl"))
+    monkeypatch.setenv("GPUPROBE_PROFILE_SIGNAL", "SIGUSR2")
+    monkeypatch.setenv("GPUPROBE_PROFILE_DIR", str(tmp_path / "traces" / "today"))  # made at the first capture
+    lines, status = run()
+    assert status == 0 and lines["files"].state == "ok"
+    assert lines["files"].details["directories"] == {"GPUPROBE_JSONL": str(tmp_path),
+                                                     "GPUPROBE_PROFILE_DIR": str(tmp_path / "traces" / "today")}
+    assert not (tmp_path / "traces").exists()  # doctor made nothing
 
 
 # -- NVTX ----------------------------------------------------------------------------------------------------
