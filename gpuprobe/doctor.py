@@ -493,9 +493,10 @@ def _seams(ctx: _Context) -> Line:
         from ._capture import SEAM_BEGIN, SEAM_END
 
         graph = getattr(ctx.torch.cuda, "CUDAGraph", None)
-        for seam in (SEAM_BEGIN, SEAM_END):
-            checked[seam.name] = seam.mismatch(graph)
-        against.append(f"torch {ctx.torch.__version__}")
+        if graph is not None:  # a torch without it captures no graphs: nothing to guard
+            for seam in (SEAM_BEGIN, SEAM_END):
+                checked[seam.name] = seam.mismatch(graph)
+            against.append(f"torch {ctx.torch.__version__}")
     hf = sys.modules.get("gpuprobe.integrations.transformers")
     if hf is not None:
         try:
