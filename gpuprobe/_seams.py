@@ -118,18 +118,21 @@ class Seam:
         A mismatch is remembered (``info()`` shows it); call :meth:`refuse` yourself for a mismatch
         found another way.
         """
+        why = self.mismatch(owner)
+        if why is not None:
+            self.refuse(why)
+        return why
+
+    def mismatch(self, owner: Any) -> str | None:
+        """What :meth:`check` would say of ``owner``, remembering and warning nothing (``gpuprobe doctor``
+        asks before anything is patched)."""
         if self.attribute is None:
             return None
         fn = getattr(owner, self.attribute, None)
         if not callable(fn):
-            why = f"{_describe(owner)} has no callable {self.attribute}"
-        else:
-            why = missing_parameters(fn, self.reads)
-            if why is not None:
-                why = f"{_describe(owner)}.{self.attribute}: {why}"
-        if why is not None:
-            self.refuse(why)
-        return why
+            return f"{_describe(owner)} has no callable {self.attribute}"
+        why = missing_parameters(fn, self.reads)
+        return None if why is None else f"{_describe(owner)}.{self.attribute}: {why}"
 
     def refuse(self, why: str, *, quiet: bool = False) -> None:
         """Record that this seam was not installed, and why (a shape mismatch); warned once per seam

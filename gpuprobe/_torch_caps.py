@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["DEVICE_WORK_ACTIVITIES", "SYNC_RECORD_NAMES", "LegacyCpuProfiler", "ProfilerCaps", "cuda_graphs_warm_up",
-           "profiler_caps"]
+           "cuda_sleep", "profiler_caps"]
 
 # _KinetoEvent.activity_type() of device work: kineto's ActivityType names of CONCURRENT_KERNEL,
 # GPU_MEMCPY and GPU_MEMSET (strings in libtorch_cpu.so).
@@ -182,3 +182,13 @@ def cuda_graphs_warm_up(torch: Any) -> Callable[[], object] | None:
     Looked up when called (the simulated CUDA replaces it while installed); gpuprobe calls it once.
     """
     return getattr(getattr(getattr(torch, "profiler", None), "_utils", None), "_init_for_cuda_graphs", None)
+
+
+def cuda_sleep(torch: Any) -> Callable[[int], object] | None:
+    """``torch.cuda._sleep(cycles)``: one kernel that spins for that many clock cycles on the current
+    stream (``gpuprobe doctor`` times it), or None where torch has none.
+
+    Looked up when called (the simulated CUDA replaces it while installed). On a CPU build of torch
+    the function exists and raises when called (there is no ``torch._C._cuda_sleep``).
+    """
+    return getattr(getattr(torch, "cuda", None), "_sleep", None)

@@ -71,10 +71,45 @@ GROUP = "transformers.continuous_batching"
 """The switch of every continuous-batching seam: they work together."""
 
 
+OWNERS: dict[str, str] = {}
+"""The transformers class whose instances each continuous-batching seam patches, by seam name."""
+
+
 def _declare(owner: str, attribute: str, short: str, reads: tuple[str, ...] = ()) -> _seams.Seam:
-    return _seams.declare(f"transformers.continuous_batching.{short}", library="transformers", attribute=attribute,
+    seam = _seams.declare(f"transformers.continuous_batching.{short}", library="transformers", attribute=attribute,
                           reads=reads, group=GROUP, scenario="generate_batch",
                           target=f"{owner}.{attribute}, on each observed manager's objects")
+    OWNERS[seam.name] = owner
+    return seam
+
+
+def owner_classes() -> dict[str, type]:
+    """The classes of the installed transformers that :data:`OWNERS` names, by seam name, for a shape
+    check before any manager exists (``gpuprobe doctor``); a class not found is left out.
+
+    Imports every module of transformers' continuous-batching package (a few seconds): the classes
+    live in several of them, and which one has moved between releases.
+    """
+    import importlib
+    import pkgutil
+    import sys
+
+    import transformers.generation.continuous_batching as package
+
+    for found in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        try:
+            importlib.import_module(found.name)
+        except Exception:  # a module that needs what is not installed (a kernel library): not ours to judge
+            pass
+    classes: dict[str, type] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == package.__name__ or name.startswith(package.__name__ + ".")):
+            continue
+        for owner in set(OWNERS.values()):
+            cls = getattr(module, owner, None)
+            if isinstance(cls, type) and cls.__module__.startswith(package.__name__):
+                classes.setdefault(owner, cls)
+    return {seam: classes[owner] for seam, owner in OWNERS.items() if owner in classes}
 
 
 # The methods that become seams, on the objects transformers calls them on; shapes checked before patching.

@@ -239,31 +239,53 @@ def instrument(model: M, *, model_name: str | None = None, layers: bool | Iterab
     return model
 
 
+def fit_method_seams(cls: type) -> tuple[list[_g.MethodSeam], list[tuple[_seams.Seam, str, bool]]]:
+    """The shape checks of the method seams against a model class, remembering nothing.
+
+    Returns:
+        The method seams that fit ``cls``, and ``(seam, why, consequence)`` for each one refused:
+        ``consequence`` when its own shape fits but another seam of its group was refused. When one
+        of the loop's seams is refused none of them is installed. ``gpuprobe doctor`` runs this on
+        ``GenerationMixin``; :func:`instrument` on the model's class.
+    """
+    chosen = []
+    refused: list[tuple[_seams.Seam, str, bool]] = []
+    refused_groups = set()
+    for ms in _g.METHOD_SEAMS:
+        seam = ms.seam
+        if not callable(getattr(cls, ms.attribute, None)):
+            if ms.required:
+                refused.append((seam, f"{cls.__qualname__} has no {ms.attribute}() under transformers "
+                                      f"{check_version()}", False))
+                refused_groups.add(seam.group)
+            continue
+        why = seam.mismatch(cls)
+        if why is not None:
+            refused.append((seam, why, False))
+            refused_groups.add(seam.group)
+            continue
+        chosen.append(ms)
+    fitting = []
+    for ms in chosen:
+        if ms.seam.group in refused_groups:
+            refused.append((ms.seam, f"not installed: another seam of {ms.seam.group} was refused", True))
+        else:
+            fitting.append(ms)
+    return fitting, refused
+
+
 def _install(model: Any, st: Any) -> None:
     """Put the method seams on ``model`` after their shape check. A seam whose check fails is not
     installed (``info()["seams"]`` says why); when one of the loop's seams is refused none of them is,
     and the model gets its per-call metrics only."""
     cls = type(model)
     d = model.__dict__
-    chosen = []
-    refused_groups = set()
-    for ms in _g.METHOD_SEAMS:
-        seam = ms.seam
-        if not callable(getattr(cls, ms.attribute, None)):
-            if ms.required:
-                seam.refuse(f"{cls.__qualname__} has no {ms.attribute}() under transformers {check_version()}")
-                refused_groups.add(seam.group)
-            continue
-        if seam.check(cls) is not None:
-            refused_groups.add(seam.group)
-            continue
-        chosen.append(ms)
-    for ms in chosen:
+    fitting, refused = fit_method_seams(cls)
+    for seam, why, consequence in refused:
+        seam.refuse(why, quiet=consequence)
+    for ms in fitting:
         seam = ms.seam
         name = ms.attribute
-        if seam.group in refused_groups:
-            seam.refuse(f"not installed: another seam of {seam.group} was refused", quiet=True)
-            continue
         existing = d.get(name)
         if existing is not None and not _seams.is_replacement(existing):
             original = existing  # someone's instance attribute: it runs underneath and comes back at uninstrument

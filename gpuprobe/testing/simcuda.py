@@ -24,7 +24,8 @@ What is simulated, each behaviour checked against torch 2.13's sources (cited in
   (``torch._C._cuda_attach_out_of_memory_observer``), memory history and snapshots in torch's layout;
 - ``torch.profiler.profile`` with CUDA activity: GPU kernels, memcpy/memset, GPU user annotations,
   sync records, one session per process, the synchronization on exit;
-- the sync debug mode, ``cudart()`` profiler start/stop, CUDA RNG seeds, and where tensors live for
+- the sync debug mode, ``cudart()`` profiler start/stop, CUDA RNG seeds, ``torch.cuda._sleep`` (a spin
+  kernel of so many clock cycles), and where tensors live for
   gpuprobe (:meth:`SimulatedCuda.place`).
 
 Behaviours that follow torch where intuition might not:
@@ -1780,7 +1781,7 @@ class SimulatedCuda:
             "set_sync_debug_mode", "get_sync_debug_mode", "cudart", "empty_cache", "memory_stats",
             "memory_stats_as_nested_dict", "memory_allocated", "memory_reserved", "max_memory_allocated",
             "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated",
-            "reset_accumulated_memory_stats", "mem_get_info", "memory_snapshot",
+            "reset_accumulated_memory_stats", "mem_get_info", "memory_snapshot", "_sleep",
         ]
         memory_names = [
             "_lazy_init", "is_initialized", "empty_cache", "memory_stats", "memory_stats_as_nested_dict",
@@ -2893,6 +2894,20 @@ def _make_api(sim: SimulatedCuda, torch: Any) -> dict[str, Callable[..., Any]]:
         prop = torch.cuda.get_device_properties(device)
         return prop.major, prop.minor
 
+    def _sleep(cycles: int) -> None:
+        """torch/cuda/__init__.py _sleep → torch._C._cuda_sleep → at::cuda::sleep: one kernel
+        (``spin_kernel``) on the current stream of the current device that spins for ``cycles``
+        clock cycles, here ``cycles / clock_rate``. It creates the device's context (fork is
+        poisoned) without torch's Python-level initialization: ``is_initialized()`` stays False
+        (seen on a real H200, design/CUDA.md)."""
+        count("_sleep")
+        t0 = time.time_ns()
+        with sim._lock:
+            sim._fork_poisoned = True
+            stream = sim._current_stream(sim._tls.device)
+            khz = sim._properties[stream.device_index].clock_rate
+            sim._enqueue(stream, _Op("spin_kernel", KERNEL, int(cycles) * 1_000_000 // khz, 0), t0)
+
     def synchronize(device: Any = None) -> None:
         """torch/cuda/__init__.py synchronize: ``_lazy_init()``, then within ``torch.cuda.device(device)``
         cudaDeviceSynchronize. A counted host synchronization; refused during a capture that forbids it."""
@@ -3165,7 +3180,7 @@ def _make_api(sim: SimulatedCuda, torch: Any) -> dict[str, Callable[..., Any]]:
     return {f.__name__: f for f in (
         is_available, device_count, is_initialized, _is_in_bad_fork, _lazy_init, init, current_device, set_device,
         _exchange_device, _maybe_exchange_device, get_device_properties, get_device_name, get_device_capability,
-        synchronize, current_stream, default_stream, _set_stream_by_id, set_stream, stream, graph_pool_handle,
+        _sleep, synchronize, current_stream, default_stream, _set_stream_by_id, set_stream, stream, graph_pool_handle,
         is_current_stream_capturing, set_sync_debug_mode, get_sync_debug_mode, cudart, empty_cache,
         memory_stats_as_nested_dict, memory_stats, memory_allocated, max_memory_allocated, memory_reserved,
         max_memory_reserved, reset_peak_memory_stats, reset_accumulated_memory_stats, reset_max_memory_allocated,
