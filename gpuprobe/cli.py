@@ -19,6 +19,7 @@ _COMMANDS = {
     "diff": ("gpuprobe.report.cli", "main_diff", "compare two traces side by side"),
     "dashboard": ("gpuprobe.dashboards", "main", "write the Grafana dashboards / print scrape configs"),
     "info": (None, None, "show which timing, NVTX and export backends are active"),
+    "ncu-args": ("gpuprobe._ncu_args", "main", "print Nsight Compute filter arguments for gpuprobe's NVTX ranges"),
 }
 
 
