@@ -452,7 +452,7 @@ def _read_csv_text(path: str, text: str) -> NcuExport:
 
 def _import_ncu_report() -> Any:
     try:
-        import ncu_report  # NVIDIA's module, in <Nsight Compute>/extras/python
+        import ncu_report  # type: ignore[import-not-found]  # NVIDIA's, in <Nsight Compute>/extras/python
 
         return ncu_report
     except ImportError:

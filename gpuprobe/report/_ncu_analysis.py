@@ -77,7 +77,7 @@ _LIMITS = (
     ("warps", "block_limit_warps"),
     ("blocks", "block_limit_blocks"),
 )
-_NUMBERS = re.compile(r"\d[\d.,]*")
+_NUMBERS = re.compile(r"(?<![A-Za-z])\d[\d.,]*")  # figures, not the 1 of "L1 Slices"
 _SEVERITY = {"ERR": "critical", "WRN": "warning", "OPT": "warning", "INF": "info"}
 
 

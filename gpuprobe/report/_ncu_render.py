@@ -92,7 +92,7 @@ def _report_tables(report: NcuReport, markdown: bool, top: int) -> list[_Table]:
             rows=rows[:top],
             lines=[
                 f"timeline: {report.timeline_path}; ncu: {report.path}",
-                "a family without timeline figures is not in the timeline, or beyond its top rows (--top)",
+                "a family without timeline figures is not in the timeline; one with 0 ncu launches was not profiled",
             ],
         ))
     name = _Column(header="name", key="name", unit=_Unit.NAME)

@@ -46,6 +46,8 @@ EXIT_BAD_INPUT = 2
 #: ``--fail-on``: a finding at least that severe is present.
 EXIT_FINDINGS = 3
 EXIT_INTERRUPTED = 130
+#: ``--ncu``: families read for the join when the report's own table is cut at ``--top``.
+_EVERY_ROW = 1_000_000
 
 
 class _CannotWrite(Exception):
@@ -338,6 +340,9 @@ def _ncu(args: argparse.Namespace, shown: list[str], timeline: Any = None, famil
         report = analyze_ncu(args.trace[0], thresholds=args.threshold)
         _emit(render_ncu(report, args.format, top=args.top), args.output)
         return _gate(args.fail_on, report.findings)
+    if families is not None and len(families.rows) >= args.top:  # maybe cut at --top: every family for the join
+        families = analyze(args.trace[0], top=_EVERY_ROW, sections=["families"], step_pattern=args.step_pattern,
+                           engine=args.engine).families
     report = join_timeline(analyze_ncu(args.ncu, thresholds=args.threshold), families, timeline.summary.path)
     if args.format == "json":
         text = json.dumps({**timeline.to_dict(), "ncu": report.to_dict()}, indent=1) + "\n"
