@@ -82,14 +82,14 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("duration_ns", "time", ("gpu__time_duration.sum", "gpu__time_duration"),
                ((_SOL, "Duration"),), "kernel duration (gpu__time_duration.sum)"),
     MetricSpec("sm_sol_pct", "pct", ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "sm__sol_pct"),
-               ((_SOL, "Compute (SM) Throughput"), (_SOL, "SM [%]"), (_SOL, "SOL SM")),
+               ((_SOL, "Compute (SM) Throughput"), (_SOL, "SM [%]")),
                "compute (SM) speed of light, % of peak"),
     MetricSpec("memory_sol_pct", "pct",
                ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "gpu__compute_memory_sol_pct"),
-               ((_SOL, "Memory Throughput"), (_SOL, "Memory [%]"), (_SOL, "SOL Memory")),
+               ((_SOL, "Memory Throughput"), (_SOL, "Memory [%]")),
                "memory speed of light (the busiest of DRAM, L2, L1), % of peak"),
     MetricSpec("dram_pct", "pct", ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "fbpa__sol_pct"),
-               ((_SOL, "DRAM Throughput"), (_SOL, "SOL FB")),
+               ((_SOL, "DRAM Throughput"),),
                "DRAM throughput, % of peak (2019.x Pascal: frame-buffer SOL, fbpa__sol_pct)"),
     MetricSpec("achieved_occupancy_pct", "pct",
                ("sm__warps_active.avg.pct_of_peak_sustained_active", "sm__active_warps_avg_per_active_cycle_pct"),
@@ -310,6 +310,11 @@ def _csv_rows(path: str, text: str) -> tuple[list[list[str]], list[str]]:
     errors = [line for line in before if line.startswith("==ERROR==")]
     warnings = [line[len("==WARNING=="):].strip() for line in lines if line.startswith("==WARNING==")]
     if start is None:
+        if any("No kernels were profiled" in w for w in warnings):
+            raise ReportInputError(
+                path, "Nsight Compute profiled no kernels ('No kernels were profiled'): its filters "
+                "(--nvtx-include, --kernel-name, --launch-skip) selected none",
+            )
         if errors:
             raise ReportInputError(path, "Nsight Compute reported errors and wrote no table: " + errors[0][9:].strip())
         raise ReportInputError(path, "not an Nsight Compute CSV export: no table header starting with '\"ID\",'")

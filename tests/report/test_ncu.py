@@ -21,7 +21,7 @@ from gpuprobe import cli as gpuprobe_cli
 from gpuprobe._ncu_args import main as ncu_args_main, ncu_args
 from gpuprobe.report import ReportInputError, load
 from gpuprobe.report._ncu import parse_nvtx_stack, read_ncu
-from gpuprobe.report._ncu_analysis import analyze_ncu, diff_ncu
+from gpuprobe.report._ncu_analysis import NCU_THRESHOLDS, analyze_ncu, diff_ncu
 from gpuprobe.report._ncu_render import render_ncu
 from gpuprobe.report.cli import main_diff, main_report
 
@@ -473,8 +473,10 @@ def test_an_export_with_only_errors_names_the_error(capsys: pytest.CaptureFixtur
          "no kernel rows"),
         ('"ID","Process ID","Kernel Name","gpu__time_duration.sum"\n"x","1","k","5"\n', "not a number"),
         ("==PROF== Connected to process 1\nhello\n", "no table header"),
+        ("==PROF== Connected to process 1\n==PROF== Disconnected from process 1\n"
+         "==WARNING== No kernels were profiled.\n", "profiled no kernels"),
     ],
-    ids=["header-only", "bad-id", "no-table"],
+    ids=["header-only", "bad-id", "no-table", "no-kernels-profiled"],
 )
 def test_bad_csv_exports(tmp_path: Path, content: str, words: str, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bad.csv"
@@ -540,6 +542,12 @@ def test_render_rejects_an_unknown_format() -> None:
 
     with pytest.raises(ConfigError, match="format must be one of"):
         render_ncu(analyze_ncu(ESMM), "xml")
+
+
+def test_every_ncu_threshold_is_documented() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "report.md").read_text()
+    for name, t in NCU_THRESHOLDS.items():  # the table row, default and meaning as in the code
+        assert f"| `{name}` | {t.default:g} | {t.meaning} |" in doc, name
 
 
 # ---------------------------------------------------------------------------- gpuprobe ncu-args
