@@ -22,6 +22,8 @@ from gpuprobe.report._events import Event, us_to_ns
 if TYPE_CHECKING:
     from gpuprobe.report._analysis import BACKENDS, DEFAULT_STEP_PATTERN, PROFILER_STEP_PATTERN, analyze
     from gpuprobe.report._diff import DiffReport, diff
+    from gpuprobe.report._ncu_analysis import NcuReport, analyze_ncu, diff_ncu
+    from gpuprobe.report._ncu_render import render_ncu
     from gpuprobe.report._render import plot, render
     from gpuprobe.report.loaders import Trace, load
     from gpuprobe.report.model import SECTIONS, Report
@@ -35,6 +37,10 @@ _LAZY = {
     "analyze": "gpuprobe.report._analysis",
     "DiffReport": "gpuprobe.report._diff",
     "diff": "gpuprobe.report._diff",
+    "NcuReport": "gpuprobe.report._ncu_analysis",
+    "analyze_ncu": "gpuprobe.report._ncu_analysis",
+    "diff_ncu": "gpuprobe.report._ncu_analysis",
+    "render_ncu": "gpuprobe.report._ncu_render",
     "plot": "gpuprobe.report._render",
     "render": "gpuprobe.report._render",
     "Trace": "gpuprobe.report.loaders",
@@ -65,16 +71,20 @@ __all__ = [
     "SECTIONS",
     "DiffReport",
     "Event",
+    "NcuReport",
     "Report",
     "ReportInputError",
     "Trace",
     "analyze",
+    "analyze_ncu",
     "categorize_kernel",
     "diff",
+    "diff_ncu",
     "kernel_family",
     "load",
     "plot",
     "render",
+    "render_ncu",
     "short_kernel_name",
     "us_to_ns",
 ]

@@ -319,7 +319,10 @@ def _csv_rows(path: str, text: str) -> tuple[list[list[str]], list[str]]:
             raise ReportInputError(path, "Nsight Compute reported errors and wrote no table: " + errors[0][9:].strip())
         raise ReportInputError(path, "not an Nsight Compute CSV export: no table header starting with '\"ID\",'")
     body = [line for line in lines[start:] if not line.startswith("==")]
-    return list(csv.reader(body)), warnings
+    try:
+        return list(csv.reader(body)), warnings
+    except csv.Error as exc:  # a NUL byte (Python < 3.11), a field over the csv module's limit
+        raise ReportInputError(path, f"not a readable CSV table: {exc}") from None
 
 
 def _row_dict(header: list[str], row: list[str]) -> dict[str, str]:
@@ -465,31 +468,41 @@ def _import_ncu_report() -> Any:
 
 
 def _read_with_module(path: str, module: Any) -> NcuExport:
-    """Read a report through ``ncu_report`` (not run here: no Nsight Compute on the test machine)."""
-    context = module.load_report(path)
-    kernels = []
-    has_nvtx = False
-    for r in range(context.num_ranges()):
-        rng = context.range_by_idx(r)
-        for a in range(rng.num_actions()):
-            action = rng.action_by_idx(a)
-            kernel = NcuKernel(id=len(kernels), name=str(action.name()), metrics={})
-            ranks: dict[str, int] = {}
-            for name in action.metric_names():
-                if name in _BY_RAW:
-                    metric = action.metric_by_name(name)
-                    _put_raw(kernel, name, str(metric.as_double()), str(metric.unit()), ranks)
-            state = action.nvtx_state()
-            if state is not None:
-                for domain_id in state.domains():
-                    domain = state.domain_by_id(domain_id)
-                    for message in domain.push_pop_ranges():
-                        has_nvtx = True
-                        kernel.nvtx.append(NvtxRange(str(domain.name()), str(message)))
-            kernels.append(kernel)
+    """Read a report through ``ncu_report`` (not run here: no Nsight Compute on the test machines).
+
+    Metrics and NVTX push/pop ranges only (no payloads, no rule results: ``ncu --import FILE --csv
+    --page details`` has those).
+    """
+    try:
+        context = module.load_report(path)
+        kernels = []
+        has_nvtx = False
+        for r in range(context.num_ranges()):
+            rng = context.range_by_idx(r)
+            for a in range(rng.num_actions()):
+                action = rng.action_by_idx(a)
+                kernel = NcuKernel(id=len(kernels), name=str(action.name()), metrics={})
+                ranks: dict[str, int] = {}
+                for name in action.metric_names():
+                    if name in _BY_RAW:
+                        metric = action.metric_by_name(name)
+                        unit = metric.unit() if hasattr(metric, "unit") else ""
+                        _put_raw(kernel, name, str(metric.as_double()), str(unit), ranks)
+                state = action.nvtx_state()
+                if state is not None:
+                    for domain_id in state.domains():
+                        domain = state.domain_by_id(domain_id)
+                        for message in domain.push_pop_ranges():
+                            has_nvtx = True
+                            kernel.nvtx.append(NvtxRange(str(domain.name()), str(message)))
+                kernels.append(kernel)
+    except Exception as exc:  # the module's own errors (a report of a newer version, a damaged file)
+        raise ReportInputError(path, f"ncu_report cannot read it: {type(exc).__name__}: {exc}") from None
     if not kernels:
         raise ReportInputError(path, "an Nsight Compute report with no kernel results")
-    return NcuExport(path=path, page="raw", kernels=kernels, has_nvtx=has_nvtx, warnings=[])
+    warnings = ["read through ncu_report: no rule results and no NVTX payloads (ncu --import FILE --csv "
+                "--page details has the rules)"]
+    return NcuExport(path=path, page="raw", kernels=kernels, has_nvtx=has_nvtx, warnings=warnings)
 
 
 def _read_with_cli(path: str, ncu: str) -> NcuExport:

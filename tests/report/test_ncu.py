@@ -580,3 +580,89 @@ def test_ncu_args_bad_arguments(argv: list[str], words: str, capsys: pytest.Capt
         ncu_args_main(argv)
     assert exc.value.code == 2
     assert words in capsys.readouterr().err
+
+
+class _Metric:
+    def __init__(self, value: str, unit: str) -> None:
+        self.value, self._unit = value, unit
+
+    def as_double(self) -> float:
+        return _num(self.value)
+
+    def unit(self) -> str:
+        return self._unit
+
+
+class _Domain:
+    def __init__(self, name: str, ranges: list[str]) -> None:
+        self._name, self._ranges = name, ranges
+
+    def name(self) -> str:
+        return self._name
+
+    def push_pop_ranges(self) -> list[str]:
+        return self._ranges
+
+
+class _Nvtx:
+    def __init__(self, domains: list[_Domain]) -> None:
+        self._domains = domains
+
+    def domains(self) -> list[int]:
+        return list(range(len(self._domains)))
+
+    def domain_by_id(self, i: int) -> _Domain:
+        return self._domains[i]
+
+
+class _Action:
+    def __init__(self, row: dict[str, str], units: dict[str, str], nvtx: _Nvtx) -> None:
+        self.row, self.units, self.nvtx = row, units, nvtx
+
+    def name(self) -> str:
+        return self.row["Kernel Name"]
+
+    def metric_names(self) -> list[str]:
+        return [k for k, u in self.units.items() if "__" in k]
+
+    def metric_by_name(self, name: str) -> _Metric:
+        return _Metric(self.row[name], self.units[name])
+
+    def nvtx_state(self) -> _Nvtx:
+        return self.nvtx
+
+
+def test_an_ncu_rep_is_read_through_ncu_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in for NVIDIA's ncu_report module (it ships with Nsight Compute, absent here), with
+    # the calls of its documented interface, serving the rows of a real raw export.
+    rows = _table(RAW_2019)
+    units, kernels = rows[0], rows[1:]
+    nvtx = _Nvtx([_Domain("gpuprobe", ["generate m", "decode"])])
+    actions = [_Action(r, units, nvtx) for r in kernels]
+
+    class _Range:
+        def num_actions(self) -> int:
+            return len(actions)
+
+        def action_by_idx(self, i: int) -> _Action:
+            return actions[i]
+
+    class _Context:
+        def num_ranges(self) -> int:
+            return 1
+
+        def range_by_idx(self, i: int) -> _Range:
+            return _Range()
+
+    module = type(sys)("ncu_report")
+    module.load_report = lambda path: _Context()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ncu_report", module)
+    rep = tmp_path / "decode.ncu-rep"
+    rep.write_bytes(b"NVR\x00" + bytes(32))
+    report = analyze_ncu(rep)
+    assert report.duration_ns == round(sum(_num(r["gpu__time_duration"]) for r in kernels))
+    assert report.steps[0].name == "decode" and report.steps[0].launches == len(kernels)
+    assert any("no rule results" in w for w in report.warnings)
+    module.load_report = lambda path: 1 / 0  # type: ignore[attr-defined]
+    with pytest.raises(ReportInputError, match="ncu_report cannot read it: ZeroDivisionError"):
+        read_ncu(rep)
