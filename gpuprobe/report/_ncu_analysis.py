@@ -420,14 +420,30 @@ def _rule_findings(kernels: Iterable[NcuKernel]) -> list[Finding]:
     return findings
 
 
+def _read_all(source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> NcuExport:
+    if isinstance(source, (str, os.PathLike)):
+        return read_ncu(source)
+    exports = [read_ncu(path) for path in source]
+    if len(exports) == 1:
+        return exports[0]
+    return NcuExport(
+        path=", ".join(e.path for e in exports),
+        page="/".join(sorted({e.page for e in exports})),
+        kernels=[k for e in exports for k in e.kernels],
+        has_nvtx=any(e.has_nvtx for e in exports),
+        warnings=[f"{e.path}: {w}" for e in exports for w in e.warnings],
+    )
+
+
 def analyze_ncu(
-    source: str | os.PathLike[str] | NcuExport,
+    source: str | os.PathLike[str] | NcuExport | Sequence[str | os.PathLike[str]],
     thresholds: Mapping[str, float] | Sequence[str] | None = None,
 ) -> NcuReport:
-    """Report on an Nsight Compute export.
+    """Report on an Nsight Compute export (or several, taken together: one kernel per file, ...).
 
     Args:
-        source: A raw or details CSV export or a ``.ncu-rep`` (or an export already read).
+        source: A raw or details CSV export or a ``.ncu-rep`` (or an export already read), or a
+            list of them.
         thresholds: Overrides of :data:`NCU_THRESHOLDS` (``["ncu.sol_high_pct=70"]``).
 
     Returns:
@@ -443,7 +459,7 @@ def analyze_ncu(
         ['latency-bound', 'under-occupied']
     """
     limits = parse_ncu_thresholds(thresholds)
-    export = source if isinstance(source, NcuExport) else read_ncu(source)
+    export = source if isinstance(source, NcuExport) else _read_all(source)
     kernels = export.kernels
     known = [k.metrics["duration_ns"] for k in kernels if "duration_ns" in k.metrics]
     total = int(round(sum(known))) if known else None

@@ -263,9 +263,10 @@ def main_report(argv: list[str]) -> int:
     parser.add_argument("--plot", metavar="PATH.png", help="also save a PNG: categories and per-step timeline")
     parser.add_argument(
         "--ncu",
+        action="append",
         metavar="EXPORT",
         help="an Nsight Compute export (CSV or .ncu-rep) of the same program: each kernel family's share of "
-        "GPU time beside its efficiency from ncu",
+        "GPU time beside its efficiency from ncu (repeatable)",
     )
     parser.add_argument(
         "--by-rank",
@@ -290,8 +291,11 @@ def main_report(argv: list[str]) -> int:
             computed.append("findings")  # the gate reads them, shown or not
         if args.ncu and shown and "families" not in computed:
             computed.append("families")  # the join reads them, shown or not
-        if len(args.trace) == 1 and ncu_format(args.trace[0]):
+        ncu = [bool(ncu_format(path)) for path in args.trace]
+        if all(ncu):
             return _ncu(args, shown)
+        if any(ncu):
+            raise ConfigError("Nsight Compute exports and timeline traces together: join them with --ncu instead")
         if len(args.trace) > 1 or several_ranks(args.trace[0]):
             if args.ncu:
                 raise ConfigError("--ncu joins one trace, not several ranks")
@@ -337,7 +341,7 @@ def _ncu(args: argparse.Namespace, shown: list[str], timeline: Any = None, famil
     if timeline is None:
         if shown or args.plot or args.ncu:
             raise ConfigError("--sections, --plot and --ncu apply to timeline traces, not to an Nsight Compute export")
-        report = analyze_ncu(args.trace[0], thresholds=args.threshold)
+        report = analyze_ncu(args.trace, thresholds=args.threshold)
         _emit(render_ncu(report, args.format, top=args.top), args.output)
         return _gate(args.fail_on, report.findings)
     if families is not None and len(families.rows) >= args.top:  # maybe cut at --top: every family for the join

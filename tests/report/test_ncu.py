@@ -449,6 +449,41 @@ def test_diff_of_two_ncu_exports_per_family(tmp_path: Path, capsys: pytest.Captu
     assert "Nsight Compute diff" in capsys.readouterr().out
 
 
+def test_a_timeline_from_nsys_with_ncu(tmp_path: Path, nsys_db: Path) -> None:
+    import sqlite3
+
+    export = tmp_path / "decode.csv"
+    _write_synthetic(export)
+    con = sqlite3.connect(nsys_db)
+    kernels = con.execute(
+        "SELECT s.value, k.end - k.start FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName"
+    ).fetchall()
+    con.close()
+    whole = sum(d for _, d in kernels)
+    gemv = dict(kernels)["nvjet_tst_64x8_64x16_2x1_v_bz_splitK_TNT"]
+    out = tmp_path / "joined.json"
+    assert main_report([str(nsys_db), "--ncu", str(export), "--format", "json", "-o", str(out)]) == 0
+    rows = json.loads(out.read_text())["ncu"]["timeline"]
+    row = next(r for r in rows if r["timeline_ns"] == gemv)
+    weights = (SYNTHETIC[1][2], SYNTHETIC[2][2])
+    assert row["timeline_share"] == pytest.approx(gemv / whole)
+    assert row["ncu_launches"] == 2
+    assert row["memory_sol_pct"] == pytest.approx(
+        (SYNTHETIC[1][4] * weights[0] + SYNTHETIC[2][4] * weights[1]) / sum(weights))
+    assert row["classes"] == ["memory-bound"]
+
+
+def test_several_ncu_exports_are_one_report(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "both.json"
+    assert main_report([str(LLMPERF), str(SUPERBENCH), "--format", "json", "-o", str(out)]) == 0
+    body = json.loads(out.read_text())
+    assert body["launches"] == 2
+    rules = [r for p in (LLMPERF, SUPERBENCH) for r in _table(p) if r.get("Rule Name")]
+    assert len(body["findings"]) == len(rules)
+    assert main_report([str(LLMPERF), str(JOIN_TRACE)]) == 2
+    assert "join them with --ncu" in capsys.readouterr().err
+
+
 def test_diff_of_an_ncu_export_and_a_timeline_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main_diff([str(ESMM), str(JOIN_TRACE)]) == 2
     assert "one Nsight Compute export and one timeline trace" in capsys.readouterr().err
