@@ -32,7 +32,8 @@ def _efficiency_columns() -> list[_Column]:
         _Column(header="regs", key="registers_per_thread", unit=_Unit.INT),
         _Column(header="block", key="block_size", unit=_Unit.INT),
         _Column(header="grid", key="grid_size", unit=_Unit.INT),
-        _Column(header="waves", key="waves_per_sm", unit=_Unit.FLOAT),
+        _Column(header="waves", key="waves_text"),
+        _Column(header="waves", key="waves_per_sm", csv_only=True),
         _Column(header="tensor %", key="tensor_pct", unit=_Unit.FLOAT),
         _Column(header="class", key="classes_text"),
         _Column(header="evidence", key="evidence_text", csv_only=True, csv_header="evidence"),
@@ -44,6 +45,7 @@ def _row_dict(row: NcuRow) -> dict[str, Any]:
     for key in ("registers_per_thread", "block_size", "grid_size"):
         if out[key] is not None:
             out[key] = int(out[key])
+    out["waves_text"] = "-" if row.waves_per_sm is None else f"{row.waves_per_sm:.2f}"  # 0.02 waves is not 0.0
     out["classes_text"] = _classes(row.classes)
     out["evidence_text"] = json.dumps(row.evidence, sort_keys=True)
     return out

@@ -194,7 +194,7 @@ def load(path: str | os.PathLike[str], engine: str = "stdlib", process: int | No
         raise ConfigError(f"process={process} applies to Nsight Systems exports only, not to {path}")
     if head.startswith(_GZIP_MAGIC):
         return Trace(path, "kineto-gzip", engine)
-    if not head.lstrip().startswith((b"{", b"[")) and ncu_format(path):
+    if ncu_format(path):
         raise ReportInputError(path, "an Nsight Compute export, not a timeline: pass it alone to 'gpuprobe report', "
                                      "or beside a trace with --ncu")
     if path.endswith((".nsys-rep", ".qdrep")):
@@ -210,7 +210,10 @@ def ncu_format(path: str | os.PathLike[str]) -> str | None:
     """
     try:
         with open(path, "rb") as f:
-            return sniff_ncu(f.read(SNIFF_BYTES))
+            head = f.read(16)
+            if head.startswith((_GZIP_MAGIC, _SQLITE_MAGIC)) or head.lstrip().startswith((b"{", b"[")):
+                return None  # a trace: the rest of the first MiB is not read
+            return sniff_ncu(head + f.read(SNIFF_BYTES - len(head)))
     except OSError:
         return None  # reported when the file is read
 
