@@ -701,3 +701,22 @@ def test_an_ncu_rep_is_read_through_ncu_report(tmp_path: Path, monkeypatch: pyte
     module.load_report = lambda path: 1 / 0  # type: ignore[attr-defined]
     with pytest.raises(ReportInputError, match="ncu_report cannot read it: ZeroDivisionError"):
         read_ncu(rep)
+
+
+@pytest.mark.parametrize("source", [RAW_2019_STDOUT, ESMM, LLMPERF, SUPERBENCH], ids=lambda p: p.name)
+def test_damaged_exports_give_a_report_or_an_input_error(source: Path, tmp_path: Path) -> None:
+    data = source.read_bytes()
+    path = tmp_path / "damaged.csv"
+    outcomes = set()
+    for cut in range(1, len(data), max(1, len(data) // 60)):  # cut anywhere, or a slice taken out
+        for variant in (data[:cut], data[:cut] + data[cut + 7:]):
+            path.write_bytes(variant)
+            try:
+                report = analyze_ncu(path)
+            except ReportInputError:
+                outcomes.add("error")
+                continue
+            for fmt in ("text", "md", "json", "csv"):
+                assert render_ncu(report, fmt)
+            outcomes.add("report")
+    assert outcomes == {"report", "error"}
