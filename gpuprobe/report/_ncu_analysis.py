@@ -497,9 +497,12 @@ def analyze_ncu(
     step_rows = _grouped(steps, total, limits, mixed)
     warnings = list(export.warnings)
     if export.has_nvtx and not steps:
+        elsewhere = sorted({r.domain for k in kernels for r in k.nvtx if r.name in STEP_RANGES and r.domain != DOMAIN})
         warnings.append(
             "the export has an NVTX column but no kernel ran inside a gpuprobe prefill or decode range "
             f"(domain {DOMAIN!r}): no per-step grouping"
+            + (f"; such ranges are in {', '.join(map(repr, elsewhere))}: gpuprobe wrote them through "
+               "torch.cuda.nvtx, which has no domains (install the nvtx package)" if elsewhere else "")
         )
     for row in step_rows:
         indices = sorted(i for i in step_indices.get(row.name, set()) if i)

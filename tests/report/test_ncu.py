@@ -309,6 +309,16 @@ def test_kernels_group_by_gpuprobe_step_component_and_processor(tmp_path: Path) 
     assert sum(r.launches for r in report.steps) == len(SYNTHETIC) - 1
 
 
+def test_step_ranges_outside_the_gpuprobe_domain_are_named_in_a_warning(tmp_path: Path) -> None:
+    # torch.cuda.nvtx writes to the default domain: the stack holds the same messages there
+    rows = [(name, stack.replace('"gpuprobe:', '"<default domain>:'), *rest) for name, stack, *rest in SYNTHETIC]
+    path = tmp_path / "default_domain.csv"
+    _write_synthetic(path, rows)
+    report = analyze_ncu(path)
+    assert report.steps == [] and report.launches == len(SYNTHETIC)
+    assert any("'<default domain>'" in w and "nvtx package" in w for w in report.warnings)
+
+
 def test_classes_follow_the_documented_thresholds(tmp_path: Path) -> None:
     path = tmp_path / "decode.csv"
     _write_synthetic(path)
