@@ -4,9 +4,9 @@ gpuprobe's NVTX push/pop ranges live in the ``gpuprobe`` domain; Nsight Compute'
 ``--nvtx-include "DOMAIN@MESSAGE/"`` matches a push/pop range by its message (seen with Nsight
 Compute 2025.3.1 on an H200), so the filters name messages: ``prefill`` / ``decode`` for the steps,
 ``forward`` / ``stopping_criteria`` / ``streamer`` and each logits processor's class for the
-components inside a step. The step index is the ranges' payload, which NVTX filters do not match:
-one step (or a window of steps) is chosen with a profile window instead, which brackets those
-steps with ``cudaProfilerStart/Stop`` for ``ncu --profile-from-start off``.
+components inside a step. The step index is the ranges' payload, which ncu's filter expressions
+(domains and messages) cannot name: one step (or a window of steps) is chosen with a profile window
+instead, which brackets those steps with ``cudaProfilerStart/Stop`` for ``ncu --profile-from-start off``.
 """
 
 from __future__ import annotations
