@@ -311,7 +311,7 @@ def _limiter(metrics: Mapping[str, float]) -> str | None:
     if not limits:
         return None
     lowest = min(value for value, _ in limits)
-    return " and ".join(word for value, word in limits if value == lowest)
+    return ", ".join(word for value, word in limits if value == lowest)
 
 
 # ---------------------------------------------------------------------------- aggregation

@@ -23,11 +23,11 @@ def _classes(classes: list[str]) -> str:
 
 def _efficiency_columns() -> list[_Column]:
     return [
-        _Column(header="SM SOL %", key="sm_sol_pct", unit=_Unit.FLOAT),
-        _Column(header="mem SOL %", key="memory_sol_pct", unit=_Unit.FLOAT),
+        _Column(header="SM %", key="sm_sol_pct", unit=_Unit.FLOAT),
+        _Column(header="mem %", key="memory_sol_pct", unit=_Unit.FLOAT),
         _Column(header="DRAM %", key="dram_pct", unit=_Unit.FLOAT),
-        _Column(header="occ. achieved %", key="achieved_occupancy_pct", unit=_Unit.FLOAT),
-        _Column(header="occ. theoretical %", key="theoretical_occupancy_pct", unit=_Unit.FLOAT),
+        _Column(header="occ %", key="achieved_occupancy_pct", unit=_Unit.FLOAT),
+        _Column(header="occ theo %", key="theoretical_occupancy_pct", unit=_Unit.FLOAT),
         _Column(header="limiter", key="limiter"),
         _Column(header="regs", key="registers_per_thread", unit=_Unit.INT),
         _Column(header="block", key="block_size", unit=_Unit.INT),
@@ -68,8 +68,9 @@ def _report_tables(report: NcuReport, markdown: bool, top: int) -> list[_Table]:
         f"Nsight Compute export: {report.path} ({report.page} page); {report.launches:,} kernel launches, "
         f"{format_ns(report.duration_ns)} of kernel time as ncu measured it (each launch replayed alone)",
         "absent from this export: " + (", ".join(report.metrics_absent) or "nothing"),
-        "classes: memory-bound / compute-bound (SOL >= {0:g} %), latency-bound (both below), under-occupied, "
-        "tail-effect (docs/report.md)".format(report.thresholds["ncu.sol_high_pct"]),
+        "SM % / mem %: speed of light, % of peak; occ %: achieved occupancy; classes: memory-bound / "
+        "compute-bound (SOL >= {0:g} %), latency-bound (both below), under-occupied, tail-effect "
+        "(docs/report.md)".format(report.thresholds["ncu.sol_high_pct"]),
     ]
     if not report.has_nvtx:
         lines.append("no NVTX column (profile with ncu --nvtx): no grouping by gpuprobe step or component")
@@ -86,9 +87,9 @@ def _report_tables(report: NcuReport, markdown: bool, top: int) -> list[_Table]:
                 _Column(header="share", key="timeline_share", unit=_Unit.SHARE),
                 _Column(header="kernels", key="timeline_count", unit=_Unit.INT),
                 _Column(header="ncu launches", key="ncu_launches", unit=_Unit.INT),
-                _Column(header="SM SOL %", key="sm_sol_pct", unit=_Unit.FLOAT),
-                _Column(header="mem SOL %", key="memory_sol_pct", unit=_Unit.FLOAT),
-                _Column(header="occ. achieved %", key="achieved_occupancy_pct", unit=_Unit.FLOAT),
+                _Column(header="SM %", key="sm_sol_pct", unit=_Unit.FLOAT),
+                _Column(header="mem %", key="memory_sol_pct", unit=_Unit.FLOAT),
+                _Column(header="occ %", key="achieved_occupancy_pct", unit=_Unit.FLOAT),
                 _Column(header="class", key="classes_text"),
             ],
             rows=rows[:top],
@@ -145,8 +146,8 @@ def _diff_tables(d: NcuDiff, top: int) -> list[_Table]:
                 _Column(header="B SM %", key="b_sm_sol_pct", unit=_Unit.FLOAT),
                 _Column(header="A mem %", key="a_memory_sol_pct", unit=_Unit.FLOAT),
                 _Column(header="B mem %", key="b_memory_sol_pct", unit=_Unit.FLOAT),
-                _Column(header="A occ. %", key="a_achieved_occupancy_pct", unit=_Unit.FLOAT),
-                _Column(header="B occ. %", key="b_achieved_occupancy_pct", unit=_Unit.FLOAT),
+                _Column(header="A occ %", key="a_achieved_occupancy_pct", unit=_Unit.FLOAT),
+                _Column(header="B occ %", key="b_achieved_occupancy_pct", unit=_Unit.FLOAT),
                 _Column(header="A class", key="a_class"),
                 _Column(header="B class", key="b_class"),
             ],

@@ -336,7 +336,7 @@ def test_classes_follow_the_documented_thresholds(tmp_path: Path) -> None:
     assert gemv.memory_sol_pct == pytest.approx(mem)
     # memory >= 60 and above SM: memory-bound; 4.0 waves: no tail; a three-way tie of block limits
     assert gemv.classes == ["memory-bound"]
-    assert gemv.limiter == "registers and shared memory and warps"
+    assert gemv.limiter == "registers, shared memory, warps"
     softmax = kernels[SYNTHETIC[3][0]]
     # 3.5 % and 9 %: latency-bound; achieved 30 % < 0.8 x 100 %; 0.02 waves: under one wave
     assert softmax.classes == ["latency-bound", "under-occupied"]
