@@ -493,7 +493,7 @@ def analyze_ncu(
         by_name, total, limits, by_kernel,
         **{name: {"family": kernel_family(name), "short_name": short_kernel_name(name)} for name in by_name},
     )
-    family_rows = _grouped(by_family, total, limits, by_kernel)
+    family_rows = _grouped(by_family, total, limits, lambda family, ks: categorize_kernel(family))  # as the timeline
     step_rows = _grouped(steps, total, limits, mixed)
     warnings = list(export.warnings)
     if export.has_nvtx and not steps:

@@ -407,6 +407,10 @@ def test_a_timeline_with_ncu_puts_share_beside_efficiency(tmp_path: Path) -> Non
         assert rows[fam]["timeline_share"] == pytest.approx(ns / whole)
         assert rows[fam]["timeline_count"] == counts[fam]
         assert rows[fam]["ncu_launches"] == ncu_launches.get(fam, 0)
+    timeline_categories = {r["family"]: r["category"] for r in body["families"]["rows"]}
+    for row in body["ncu"]["families"]:  # the same family names and categories as the timeline report
+        if row["name"] in timeline_categories:
+            assert row["category"] == timeline_categories[row["name"]]
     assert rows["at::native::cunn_SoftMaxForward"]["ncu_launches"] == 0  # not profiled by ncu
     assert rows["smem_blocking"]["timeline_ns"] is None  # profiled by ncu, not in the timeline
     assert len(body["families"]["rows"]) == 3  # the timeline's own table keeps --top
