@@ -22,7 +22,7 @@ from gpuprobe._ncu_args import COMPONENT_RANGES, STEP_RANGES
 from gpuprobe._nvtx import DOMAIN
 from gpuprobe.errors import ConfigError
 from gpuprobe.report._ncu import METRICS, NcuExport, NcuKernel, NcuRule, read_ncu
-from gpuprobe.report.model import Finding, FamiliesSection
+from gpuprobe.report.model import SEVERITIES, FamiliesSection, Finding
 
 __all__ = [
     "NCU_THRESHOLDS",
@@ -77,6 +77,7 @@ _LIMITS = (
     ("warps", "block_limit_warps"),
     ("blocks", "block_limit_blocks"),
 )
+_IDS_SHOWN = 20
 _NUMBERS = re.compile(r"(?<![A-Za-z])\d[\d.,]*")  # figures, not the 1 of "L1 Slices"
 _SEVERITY = {"ERR": "critical", "WRN": "warning", "OPT": "warning", "INF": "info"}
 
@@ -392,13 +393,13 @@ def _rule_findings(kernels: Iterable[NcuKernel]) -> list[Finding]:
         saved = [
             (k.metrics.get("duration_ns") or 0.0) * r.speedup_pct / 100 for k, r in hits if r.speedup_pct is not None
         ]
-        best_kernel, best = max(hits, key=lambda h: -1.0 if h[1].speedup_pct is None else h[1].speedup_pct)
+        _, best = max(hits, key=lambda h: -1.0 if h[1].speedup_pct is None else h[1].speedup_pct)
         first, _, rest = best.description.partition(". ")
-        severity = max((_SEVERITY.get(r.type, "info") for _, r in hits), key=("info", "warning", "critical").index)
+        severity = max((_SEVERITY.get(r.type, "info") for _, r in hits), key=SEVERITIES.index)
         evidence: dict[str, Any] = {
             "kernel": name,
             "family": kernel_family(name),
-            "kernel_ids": sorted({k.id for k, _ in hits}),
+            "kernel_ids": sorted({k.id for k, _ in hits})[:_IDS_SHOWN],  # the first few; "launches" counts all
             "launches": len(hits),
             "section": section,
             "rule": rule_name,
