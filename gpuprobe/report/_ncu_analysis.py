@@ -478,7 +478,7 @@ def analyze_ncu(
             continue
         _add(steps, step, kernel)
         step_indices.setdefault(step, set()).add(index or "")
-        component = child or "(in the step, in no range)"
+        component = child or "other"  # in the step, in no range inside it: the step's component="other"
         _add(components, component, kernel)
         if child is not None and child not in COMPONENT_RANGES:
             _add(processors, child, kernel)

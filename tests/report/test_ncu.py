@@ -238,6 +238,9 @@ SYNTHETIC: list[tuple[str, str, int, float, float, float, float, float, tuple[in
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >"
      "(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)", _stack(), 1_024, 1.0, 2.0, 100.0, 10.0,
      0.01, (16, 32, 2, 32)),
+    ("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>(at::cuda::detail::TensorInfo<float, "
+     "unsigned int>, unsigned int, unsigned int, bool, unsigned int, unsigned int)",
+     _stack(GEN, _step("decode", 1)), 4_321, 4.0, 12.5, 100.0, 35.0, 0.01, (16, 32, 2, 32)),
 ]
 
 
@@ -293,7 +296,7 @@ def test_kernels_group_by_gpuprobe_step_component_and_processor(tmp_path: Path) 
     steps = {r.name: r for r in report.steps}
     assert set(steps) == {"prefill", "decode"}
     assert steps["decode"].duration_ns == total(lambda s: '"gpuprobe:decode:' in s)
-    assert steps["decode"].launches == sum('"gpuprobe:decode:' in r[1] for r in SYNTHETIC) == 5
+    assert steps["decode"].launches == sum('"gpuprobe:decode:' in r[1] for r in SYNTHETIC) == 6
     assert steps["prefill"].duration_ns == SYNTHETIC[0][2]
     assert steps["decode"].evidence["steps"] == "1, 2"  # the payloads: the step indices
     components = {r.name: r.duration_ns for r in report.components}
@@ -302,6 +305,7 @@ def test_kernels_group_by_gpuprobe_step_component_and_processor(tmp_path: Path) 
         "TopKLogitsWarper": SYNTHETIC[3][2],
         "RepetitionPenaltyLogitsProcessor": SYNTHETIC[4][2],
         "stopping_criteria": SYNTHETIC[5][2],
+        "other": SYNTHETIC[7][2],  # in the step, in no range inside it (token selection)
     }
     assert {r.name for r in report.processors} == {"TopKLogitsWarper", "RepetitionPenaltyLogitsProcessor"}
     # the kernel outside every gpuprobe range counts in the kernels, in no step
