@@ -218,7 +218,7 @@ def sniff(head: bytes) -> str | None:
         return "ncu-rep"
     if head.startswith(b"\x1f\x8b") or head.startswith(b"SQLite format 3"):
         return None
-    text = head.decode("utf-8", "replace")
+    text = head.decode("utf-8", "replace").removeprefix("\ufeff")  # a byte-order mark (ncu on Windows)
     for line in text.splitlines():
         if line.startswith(("==PROF==", "==ERROR==", "==WARNING==")) or (
             line.startswith(_HEADER_START) and '"Kernel Name"' in line
@@ -579,7 +579,7 @@ def read_ncu(path: str | os.PathLike[str], fmt: str | None = None) -> NcuExport:
     if fmt != "ncu-csv":
         raise ReportInputError(path, "not an Nsight Compute export (neither a .ncu-rep nor ncu's CSV output)")
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark, if any, is not part of the header
     except UnicodeDecodeError as exc:
         raise ReportInputError(path, f"not UTF-8 text at byte {exc.start}: not an Nsight Compute CSV export") from None
     return _read_csv_text(path, text)

@@ -109,6 +109,16 @@ def test_program_output_and_prof_lines_before_the_table_are_skipped() -> None:
     assert a.findings == b.findings == []  # a raw page has no rule results
 
 
+def test_crlf_line_ends_and_a_byte_order_mark_read_alike(tmp_path: Path) -> None:
+    path = tmp_path / "windows.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + SUPERBENCH.read_bytes().replace(b"\n", b"\r\n"))
+    a, b = analyze_ncu(SUPERBENCH), analyze_ncu(path)
+    assert [vars(r) for r in a.kernels] == [vars(r) for r in b.kernels] and a.findings == b.findings
+    path.write_bytes(b"\xef\xbb\xbf" + ESMM.read_bytes())  # the mark right before the header
+    assert main_report([str(path), "--format", "json", "-o", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["launches"] == analyze_ncu(ESMM).launches
+
+
 def test_details_with_thousands_separators_and_absent_figures() -> None:
     durations = _details(ESMM, "gpu__time_duration.sum")
     assert durations[0] == ("10,776,576", "nsecond")
