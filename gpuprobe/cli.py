@@ -20,6 +20,7 @@ _COMMANDS = {
     "dashboard": ("gpuprobe.dashboards", "main", "write the Grafana dashboards / print scrape configs"),
     "info": (None, None, "show which timing, NVTX and export backends are active"),
     "doctor": ("gpuprobe.doctor", "main", "what works on this machine and why not (initializes CUDA)"),
+    "ncu-args": ("gpuprobe._ncu_args", "main", "print Nsight Compute filter arguments for gpuprobe's NVTX ranges"),
 }
 
 

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from gpuprobe.report._analysis import BACKENDS, DEFAULT_STEP_PATTERN, PROFILER_STEP_PATTERN, analyze
     from gpuprobe.report._diff import DiffReport, diff
     from gpuprobe.report._ranks import analyze_ranks
+    from gpuprobe.report._ncu_analysis import NcuReport, analyze_ncu, diff_ncu
+    from gpuprobe.report._ncu_render import render_ncu
     from gpuprobe.report._render import plot, render
     from gpuprobe.report.loaders import Trace, load
     from gpuprobe.report.model import SECTIONS, Report
@@ -37,6 +39,10 @@ _LAZY = {
     "analyze_ranks": "gpuprobe.report._ranks",
     "DiffReport": "gpuprobe.report._diff",
     "diff": "gpuprobe.report._diff",
+    "NcuReport": "gpuprobe.report._ncu_analysis",
+    "analyze_ncu": "gpuprobe.report._ncu_analysis",
+    "diff_ncu": "gpuprobe.report._ncu_analysis",
+    "render_ncu": "gpuprobe.report._ncu_render",
     "plot": "gpuprobe.report._render",
     "render": "gpuprobe.report._render",
     "Trace": "gpuprobe.report.loaders",
@@ -67,17 +73,21 @@ __all__ = [
     "SECTIONS",
     "DiffReport",
     "Event",
+    "NcuReport",
     "Report",
     "ReportInputError",
     "Trace",
     "analyze",
     "analyze_ranks",
+    "analyze_ncu",
     "categorize_kernel",
     "diff",
+    "diff_ncu",
     "kernel_family",
     "load",
     "plot",
     "render",
+    "render_ncu",
     "short_kernel_name",
     "us_to_ns",
 ]

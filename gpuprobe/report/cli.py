@@ -33,7 +33,7 @@ from gpuprobe.report._errors import ReportInputError
 from gpuprobe.report._findings import THRESHOLDS, worst_at_least
 from gpuprobe.report._ranks import analyze_ranks, several_ranks
 from gpuprobe.report._render import FORMATS, plot, render
-from gpuprobe.report.loaders import ENGINES
+from gpuprobe.report.loaders import ENGINES, ncu_format
 from gpuprobe.report.model import SECTIONS, SEVERITIES
 
 __all__ = ["main_report", "main_diff"]
@@ -46,6 +46,8 @@ EXIT_BAD_INPUT = 2
 #: ``--fail-on``: a finding at least that severe is present.
 EXIT_FINDINGS = 3
 EXIT_INTERRUPTED = 130
+#: ``--ncu``: families read for the join when the report's own table is cut at ``--top``.
+_EVERY_ROW = 1_000_000
 
 
 class _CannotWrite(Exception):
@@ -242,7 +244,8 @@ def main_report(argv: list[str]) -> int:
     """
     parser = argparse.ArgumentParser(
         prog="gpuprobe report",
-        description="Report on a PyTorch profiler trace (.json, .json.gz) or an Nsight Systems SQLite export.",
+        description="Report on a PyTorch profiler trace (.json, .json.gz), an Nsight Systems SQLite export or an "
+        "Nsight Compute export (CSV of --page raw or details, .ncu-rep).",
     )
     parser.add_argument(
         "trace",
@@ -258,6 +261,13 @@ def main_report(argv: list[str]) -> int:
         help=f"comma-separated sections to show (default: all): {', '.join(SECTIONS)}",
     )
     parser.add_argument("--plot", metavar="PATH.png", help="also save a PNG: categories and per-step timeline")
+    parser.add_argument(
+        "--ncu",
+        action="append",
+        metavar="EXPORT",
+        help="an Nsight Compute export (CSV or .ncu-rep) of the same program: each kernel family's share of "
+        "GPU time beside its efficiency from ncu (repeatable)",
+    )
     parser.add_argument(
         "--by-rank",
         action="store_true",
@@ -279,7 +289,16 @@ def main_report(argv: list[str]) -> int:
         computed = shown + [s for s in ("categories", "steps") if args.plot and shown and s not in shown]
         if args.fail_on and shown and "findings" not in computed:
             computed.append("findings")  # the gate reads them, shown or not
+        if args.ncu and shown and "families" not in computed:
+            computed.append("families")  # the join reads them, shown or not
+        ncu = [bool(ncu_format(path)) for path in args.trace]
+        if all(ncu):
+            return _ncu(args, shown)
+        if any(ncu):
+            raise ConfigError("Nsight Compute exports and timeline traces together: join them with --ncu instead")
         if len(args.trace) > 1 or several_ranks(args.trace[0]):
+            if args.ncu:
+                raise ConfigError("--ncu joins one trace, not several ranks")
             return _ranks(args, shown)
         if args.by_rank:
             raise ConfigError("--by-rank needs several traces (files, or a directory of them)")
@@ -293,7 +312,7 @@ def main_report(argv: list[str]) -> int:
                 small_us=args.small_us,
                 engine=args.engine,
                 progress=progress,
-                thresholds=args.threshold,
+                thresholds=[t for t in args.threshold if not t.startswith("ncu.")],
             )
         finally:
             if progress is not None:
@@ -301,13 +320,40 @@ def main_report(argv: list[str]) -> int:
         if args.plot:
             _write(args.plot, lambda path: plot(report, path))
         findings = report.findings or []
+        families = report.families
         if shown:
             hidden: dict[str, Any] = {s: None for s in SECTIONS if s != "summary" and s not in shown}
             report = dataclasses.replace(report, **hidden)
+        if args.ncu:
+            return _ncu(args, shown, report, families, findings)
         _emit(render(report, args.format, top=args.top), args.output)
         return _gate(args.fail_on, findings)
 
     return _run(prog, argv, args.debug, work)
+
+
+def _ncu(args: argparse.Namespace, shown: list[str], timeline: Any = None, families: Any = None,
+         findings: list[Any] | None = None) -> int:
+    """An Nsight Compute export alone, or (``--ncu``) joined with a timeline's report."""
+    from gpuprobe.report._ncu_analysis import analyze_ncu, join_timeline
+    from gpuprobe.report._ncu_render import render_ncu
+
+    if timeline is None:
+        if shown or args.plot or args.ncu:
+            raise ConfigError("--sections, --plot and --ncu apply to timeline traces, not to an Nsight Compute export")
+        report = analyze_ncu(args.trace, thresholds=args.threshold)
+        _emit(render_ncu(report, args.format, top=args.top), args.output)
+        return _gate(args.fail_on, report.findings)
+    if families is not None and len(families.rows) >= args.top:  # maybe cut at --top: every family for the join
+        families = analyze(args.trace[0], top=_EVERY_ROW, sections=["families"], step_pattern=args.step_pattern,
+                           engine=args.engine).families
+    report = join_timeline(analyze_ncu(args.ncu, thresholds=args.threshold), families, timeline.summary.path)
+    if args.format == "json":
+        text = json.dumps({**timeline.to_dict(), "ncu": report.to_dict()}, indent=1) + "\n"
+    else:
+        text = render(timeline, args.format, top=args.top) + "\n" + render_ncu(report, args.format, top=args.top)
+    _emit(text, args.output)
+    return _gate(args.fail_on, (findings or []) + report.findings)
 
 
 class _RankProgress(_Progress):
@@ -406,6 +452,16 @@ def main_diff(argv: list[str]) -> int:
     prog = parser.prog
 
     def work() -> int:
+        ncu = [bool(ncu_format(p)) for p in (args.a, args.b)]
+        if all(ncu):
+            from gpuprobe.report._ncu_analysis import diff_ncu
+            from gpuprobe.report._ncu_render import render_ncu
+
+            _emit(render_ncu(diff_ncu(args.a, args.b, thresholds=args.threshold), args.format, top=args.top),
+                  args.output)
+            return EXIT_OK
+        if any(ncu):
+            raise ConfigError("one Nsight Compute export and one timeline trace: diff compares two of a kind")
         progress = _progress(args, "traces")
         try:
             result = diff(

@@ -29,9 +29,10 @@ from gpuprobe.report._kineto import (
     number_to_int,
     to_event,
 )
+from gpuprobe.report._ncu import SNIFF_BYTES, sniff as sniff_ncu
 from gpuprobe.report._nsys import NsysFormatError, iter_events as iter_nsys_events, kernel_processes
 
-__all__ = ["Trace", "TraceInfo", "load", "ENGINES"]
+__all__ = ["Trace", "TraceInfo", "load", "ncu_format", "ENGINES"]
 
 #: JSON engines: ``stdlib`` (default, the faster) and ``ijson`` (the reference twin).
 ENGINES: tuple[str, ...] = ("stdlib", "ijson")
@@ -193,9 +194,28 @@ def load(path: str | os.PathLike[str], engine: str = "stdlib", process: int | No
         raise ConfigError(f"process={process} applies to Nsight Systems exports only, not to {path}")
     if head.startswith(_GZIP_MAGIC):
         return Trace(path, "kineto-gzip", engine)
+    if ncu_format(path):
+        raise ReportInputError(path, "an Nsight Compute export, not a timeline: pass it alone to 'gpuprobe report', "
+                                     "or beside a trace with --ncu")
     if path.endswith((".nsys-rep", ".qdrep")):
         raise ReportInputError(path, "an Nsight Systems report: export it first with 'nsys export --type sqlite'")
     return Trace(path, "kineto-json", engine)
+
+
+def ncu_format(path: str | os.PathLike[str]) -> str | None:
+    """``ncu-rep`` or ``ncu-csv`` for an Nsight Compute export (sniffed from its content), else None.
+
+    A CSV export may open with the program's output and ncu's ``==PROF==`` lines: the first MiB is
+    searched for ncu's lines or the header of its table.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+            if head.startswith((_GZIP_MAGIC, _SQLITE_MAGIC)) or head.lstrip().startswith((b"{", b"[")):
+                return None  # a trace: the rest of the first MiB is not read
+            return sniff_ncu(head + f.read(SNIFF_BYTES - len(head)))
+    except OSError:
+        return None  # reported when the file is read
 
 
 def gpu_processes(path: str | os.PathLike[str]) -> list[int]:
