@@ -234,3 +234,14 @@ def test_the_tests_part_reports_pytest_s_counts_and_names_the_failures(tmp_path:
     assert (res["tests"], res["failures"], res["skipped"]) == (3, 1, 1)
     assert res["failed_tests"] == ["test_three::test_fails"]
     assert "1 failed, 1 passed, 1 skipped, 1 deselected" in res["summary"]
+
+
+def test_docs_name_a_wheel_for_every_package_the_check_asks_for() -> None:
+    text = (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
+    section = text[text.index("## The GPU check"):]
+    for _, dist, _ in (*check.REQUIRED, *check.OPTIONAL):
+        if dist in ("torch", "transformers"):
+            continue  # preinstalled on the GPU machines
+        wheel = dist.replace("-", "_")
+        assert f"`{wheel}-" in section, dist  # a row of the wheel table
+        assert f"{dist}==" in section, dist  # and in the download command

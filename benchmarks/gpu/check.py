@@ -254,7 +254,9 @@ def run_benchmarks(parts: list[str], size: str, deadline: float, rounds: tuple[i
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.gpu import runner, report
 
-    ap = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__.splitlines()[0],
+                                 epilog="scripts/gpu-check --wheels DIR ... (first) installs DIR/*.whl offline into a "
+                                        "temporary folder on PYTHONPATH first (docs/gpu.md, 'The GPU check').")
     ap.add_argument("--dry-run", action="store_true",
                     help="no CUDA parts, tiny models, the fewest rounds; results go to a temporary folder")
     ap.add_argument("--out", type=Path, help="folder for RESULTS-gpu.md and RESULTS-gpu.json "
