@@ -188,6 +188,14 @@ def test_a_benchmark_past_the_deadline_is_stopped_and_the_rest_reported_not_run(
     assert parts["b"] == {"status": "failed", "error": "not run: the time budget was spent"}
 
 
+def test_a_benchmark_process_that_cannot_start_fails_every_part_with_its_error() -> None:
+    res = check.run_benchmarks(["a", "b"], "tiny", time.time() + 60, (1, 1), runner="gpuprobe_no_such_runner")
+    for name in ("a", "b"):
+        part = res["parts"][name]
+        assert part["error"] == "not run: the benchmark process failed (exit status 1)"
+        assert "No module named gpuprobe_no_such_runner" in part["stderr"]
+
+
 def test_a_failed_benchmark_is_written_with_its_error() -> None:
     results = {"dry_run": False, "dry_run_reason": None, "started": "now", "elapsed_s": 1.0, "ok": False,
                "environment": {}, "gpuprobe": {"commit": "c", "sources_sha256": "s"}, "host": {"python": "3"},

@@ -29,8 +29,10 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -188,8 +190,10 @@ def _junit_counts(path: Path) -> dict[str, Any]:
 
 
 def run_benchmarks(parts: list[str], size: str, deadline: float, rounds: tuple[int, int], *,
-                   grace_s: float = 60.0, runner: str = "benchmarks.gpu.runner") -> dict[str, Any]:
-    """Run the benchmark process and read its lines; a crashed process is started again for the parts left.
+                   grace_s: float = 60.0, runner: str = "benchmarks.gpu.runner",
+                   say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the benchmark process and read its lines as they come; a crashed process is started again
+    for the parts left.
 
     Args:
         parts: names of the runner's parts, in order.
@@ -199,6 +203,7 @@ def run_benchmarks(parts: list[str], size: str, deadline: float, rounds: tuple[i
         grace_s: how long past the deadline the process may run (a part past its share still ends its
             fewest rounds) before it is stopped and its unfinished part reported.
         runner: the module run with ``python -m``.
+        say: told of each part's start and end (progress for the terminal).
     """
     environment: dict[str, Any] = {}
     results: dict[str, dict[str, Any]] = {}
@@ -206,45 +211,59 @@ def run_benchmarks(parts: list[str], size: str, deadline: float, rounds: tuple[i
     while left:
         cmd = [sys.executable, "-m", runner, "--parts", ",".join(left), "--size", size,
                "--deadline", str(deadline), "--min-rounds", str(rounds[0]), "--max-rounds", str(rounds[1])]
-        with tempfile.TemporaryFile(mode="w+") as err:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
-            current = None
-            try:
-                out, _ = proc.communicate(timeout=max(deadline + grace_s - time.time(), 1))
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, _ = proc.communicate()
-                timed_out = True
-            err.seek(0)
-            stderr = err.read()
-        for line in out.splitlines():
+        current: str | None = None
+        progressed = False
+
+        def read(line: str) -> None:
+            nonlocal environment, current, progressed
             try:
                 event = json.loads(line)
             except json.JSONDecodeError:
-                continue
+                return  # a library's own print
             kind = event.pop("kind", None)
             if kind == "environment":
                 environment = event["environment"]
             elif kind == "start":
                 current = event["part"]
+                progressed = True
                 results[current] = {"status": "started", "budget_s": round(event["budget_s"], 1)}
+                if say:
+                    say(f"{current}: started, {event['budget_s']:.0f} s for its rounds")
             elif kind in ("result", "failed"):
                 name = event.pop("part")
                 results[name].update(status="ok" if kind == "result" else "failed", **event)
                 left.remove(name)
                 current = None
-        if current is not None:  # started and never reported: it took the runner down or ran out of time
+                if say:
+                    say(f"{name}: {'done' if kind == 'result' else 'FAILED: ' + event.get('error', '')} "
+                        f"in {event.get('elapsed_s', 0):.0f} s")
+
+        with tempfile.TemporaryFile(mode="w+") as err:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+            assert proc.stdout is not None
+            reader = threading.Thread(target=lambda: [read(line) for line in proc.stdout], daemon=True)
+            reader.start()
+            try:
+                proc.wait(timeout=max(deadline + grace_s - time.time(), 1))
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                timed_out = True
+            reader.join(timeout=10)
+            err.seek(0)
+            stderr = err.read()
+        if current is not None:  # started and never reported: it took the process down or ran out of time
             why = "stopped: out of time" if timed_out else f"the process ended (exit status {proc.returncode})"
             results[current].update(status="failed", error=why, stderr=stderr[-3000:])
             left.remove(current)
-        elif left and (timed_out or proc.returncode != 0 or not environment):
-            for name in left:  # the runner died before starting them (an import error, say)
+        elif left and not progressed:  # it died before starting any (an import error, say)
+            for name in left:
                 results[name] = {"status": "failed", "error": f"not run: the benchmark process failed "
                                                               f"(exit status {proc.returncode})",
                                  "stderr": stderr[-3000:]}
             left = []
-        if time.time() > deadline:
+        if left and time.time() > deadline:
             for name in left:
                 results[name] = {"status": "failed", "error": "not run: the time budget was spent"}
             left = []
@@ -304,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped = {p: DRY_SKIPS[p] for p in parts if dry_reason and p in DRY_SKIPS}
     say(f"benchmarks: {', '.join(p for p in parts if p not in skipped)} (until +{deadline - t_start:.0f} s)")
     bench = run_benchmarks([p for p in parts if p not in skipped], "tiny" if dry_reason else "gpu", deadline,
-                           ROUNDS[mode], grace_s=GRACE_S)
+                           ROUNDS[mode], grace_s=GRACE_S, say=say)
     results["environment"] = bench["environment"]
     results["benchmarks"] = []
     for name in parts:
