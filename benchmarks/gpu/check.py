@@ -295,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         dry_reason = "no CUDA device: torch sees none"
         print("gpu-check: torch sees no CUDA device: running the dry run instead", file=sys.stderr)
     mode = "dry" if dry_reason else "gpu"
+    if dry_reason:
+        # Hidden from every part (doctor, tests, benchmarks): a dry run on a GPU machine is the dry run.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     out_dir = args.out or (Path(tempfile.gettempdir()) / "gpuprobe-gpu-check" if dry_reason else RESULTS.parent)
     deadline = t_start + TOTAL_S[mode] - WRITE_MARGIN_S - GRACE_S
 

@@ -83,7 +83,7 @@ def markdown(results: dict[str, Any]) -> str:
             if b.get("traceback") or b.get("stderr"):
                 lines += ["```", (b.get("traceback") or b.get("stderr", ""))[-1500:].rstrip(), "```", ""]
             continue
-        setup = "; ".join(f"{k}: {v}" for k, v in b.get("setup", {}).items())
+        setup = "; ".join(f"{k}: {f'{v:.4g}' if isinstance(v, float) else v}" for k, v in b.get("setup", {}).items())
         lines += [f"{setup}. Took {b['elapsed_s']:.0f} s (budget {b['budget_s']:.0f} s).", "",
                   "| figure | median | spread (quartiles) | rounds |", "|---|---:|---|---:|"]
         lines += [_figure_row(f) for f in b["figures"]]
