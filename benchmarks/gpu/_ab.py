@@ -72,7 +72,7 @@ def figure(name: str, values: Sequence[float], unit: str, **extra: Any) -> dict[
 
 
 def alternate(variants: Sequence[str], set_variant: Callable[[str], None], run: Callable[[], float],
-              budget: Budget, warmup: int = 1) -> dict[str, list[float]]:
+              budget: Budget, warmup: int = 1, on_warm: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Each variant's run values, round by round (index r of every list is round r).
 
     Args:
@@ -81,11 +81,14 @@ def alternate(variants: Sequence[str], set_variant: Callable[[str], None], run: 
         run: one timed run of the current variant; returns its value (e.g. seconds per token).
         budget: when to stop.
         warmup: untimed runs of each variant first (allocations, caches, captures, compilation).
+        on_warm: called once the warm-up runs are done, before the first round.
     """
     for v in variants:
         set_variant(v)
         for _ in range(warmup):
             run()
+    if on_warm is not None:
+        on_warm()
     values: dict[str, list[float]] = {v: [] for v in variants}
     n = len(variants)
     for r in budget.rounds():

@@ -9,6 +9,7 @@ replays a captured graph and gpuprobe's host work is the largest share of a step
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks import generate_overhead as cpu_bench
@@ -26,10 +27,14 @@ def _measure(size: str, budget: Budget, tokens: int, extra: dict[str, Any], warm
         tokens_per_s, _ = cpu_bench.run_once(model, ids, tokens, mode)
         return 1 / tokens_per_s
 
+    graphs = _compiled_graphs()
+    warm: list[int | None] = [None]
     try:
-        times = alternate(cpu_bench.VARIANTS, lambda v: set_variant[v](), run, budget, warmup=warmup)
+        times = alternate(cpu_bench.VARIANTS, lambda v: set_variant[v](), run, budget, warmup=warmup,
+                          on_warm=lambda: warm.__setitem__(0, graphs()))
     finally:
         set_variant["baseline"]()
+    after = graphs()
     # transformers compiles the decode step (PreTrainedModel.get_compiled_call keeps it as _compiled_call)
     # only where it can (a CUDA device, a compilable cache), and otherwise warns once and runs eagerly.
     compiled = "_compiled_call" in model.__dict__
@@ -42,7 +47,18 @@ def _measure(size: str, budget: Budget, tokens: int, extra: dict[str, Any], warm
     return {"figures": figures,
             "setup": {"model": _models.describe(size), "device": str(model.device), "new_tokens": tokens,
                       "prompt": 16, "variants": list(cpu_bench.VARIANTS), "generate_kwargs": sorted(extra),
-                      "decode_compiled": compiled}}
+                      "decode_compiled": compiled,
+                      # Dynamo graphs compiled after the warm-up: 0, or the rounds include recompilations
+                      "graphs_compiled_in_rounds": None if after is None or warm[0] is None else after - warm[0]}}
+
+
+def _compiled_graphs() -> Callable[[], int | None]:
+    """A reader of how many graphs Dynamo has compiled in this process (None where torch does not say)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return lambda: None
+    return lambda: int(counters["stats"]["unique_graphs"])
 
 
 def eager(size: str, budget: Budget) -> dict[str, Any]:
