@@ -64,7 +64,7 @@ DRY_SKIPS = {"generate.graph": "torch.compile (reduce-overhead) on a CPU takes m
 
 
 class MissingPackage(SystemExit):
-    pass
+    """A required package is missing (exit status 2); the message has been printed."""
 
 
 def preflight() -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 from gpuprobe._files import write_file_atomic
 
 HOW_TO_READ = """\
-How to read this: every benchmark alternates its variants in short runs, round after round, in the same
+Every benchmark alternates its variants in short runs, round after round, in the same
 process (the order rotates each round); a ratio is taken within each round and the table gives the
 median of the per-round ratios, their quartiles (q1 – q3: half the rounds fall inside) and the number of
 rounds. A tokens/s ratio below 1 is what instrumenting costs; a median of 0.99 whose quartiles straddle
@@ -60,7 +60,7 @@ def markdown(results: dict[str, Any]) -> str:
               + (" (with local changes)" if src.get("modified") else "")
               + f", sources sha256 {src['sources_sha256']} |",
               f"| gpuprobe backends | NVTX {env.get('nvtx_backend')}; timing {env.get('timing_backend')} |",
-              "| optional packages | " + ", ".join(f"{k} {v or 'absent'}" for k, v in results["packages"].items()
+              "| other packages | " + ", ".join(f"{k} {v or 'absent'}" for k, v in results["packages"].items()
                                                  if k not in ("torch", "transformers")) + " |",
               ""]
     tests = results["tests"]
