@@ -207,6 +207,22 @@ def test_a_failed_benchmark_is_written_with_its_error() -> None:
     assert "crash: failed: stopped: out of time" in report.summary(results)
 
 
+def test_the_doctor_s_checks_are_a_table_with_the_whole_output_kept() -> None:
+    doctor = {"available": True, "exit_status": 1, "report": {"schema": 1, "checks": [
+        {"check": "cuda", "state": "ok", "reason": "1 device"},
+        {"check": "nvml", "state": "failed", "reason": "no libnvidia-ml | here"},
+        {"check": "otlp", "state": "off", "reason": "not asked for"}]}}
+    results = {"dry_run": False, "dry_run_reason": None, "started": "now", "elapsed_s": 1.0, "ok": True,
+               "environment": {}, "gpuprobe": {"commit": "c", "sources_sha256": "s"}, "host": {"python": "3"},
+               "packages": {}, "doctor": doctor, "tests": {"status": "not run (--no-tests)", "passed": None},
+               "benchmarks": []}
+    md = report.markdown(results)
+    assert "| cuda | ok | 1 device |" in md
+    assert "| nvml | failed | no libnvidia-ml / here |" in md  # a table cell cannot hold a bar
+    assert '"schema": 1' in md  # the whole output, below the table
+    assert "doctor: exit status 1 (1 ok, 1 failed, 1 off)" in report.summary(results)
+
+
 def test_a_missing_package_is_named_before_anything_runs(monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(check, "REQUIRED", (*check.REQUIRED, ("gpuprobe_absent_pkg", "absent-pkg", "a test")))

@@ -95,10 +95,36 @@ def markdown(results: dict[str, Any]) -> str:
     else:
         body = doc.get("report", doc.get("output", ""))
         text = json.dumps(body, indent=2) if not isinstance(body, str) else body
-        lines += [f"`python -m gpuprobe doctor --json` (exit status {doc.get('exit_status')}):", "",
-                  "```json" if "report" in doc else "```", text.rstrip(), "```", ""]
+        lines += [f"`python -m gpuprobe doctor --json` (exit status {doc.get('exit_status')}):", ""]
+        checks = _doctor_checks(body)
+        if checks:
+            lines += ["| check | state | why |", "|---|---|---|"]
+            lines += [f"| {c['check']} | {c.get('state', '')} | {str(c.get('reason', '')).replace('|', '/')} |"
+                      for c in checks]
+            lines += ["", "<details><summary>the whole output</summary>", ""]
+        lines += ["```json" if "report" in doc else "```", text.rstrip(), "```", ""]
+        if checks:
+            lines += ["</details>", ""]
     lines += ["## How to read this", "", HOW_TO_READ, ""]
     return "\n".join(lines)
+
+
+def _doctor_checks(report: Any) -> list[dict[str, Any]]:
+    """The doctor's checks (``{"checks": [{"check", "state", "reason"}, ...]}``), or [] for another shape."""
+    checks = report.get("checks") if isinstance(report, dict) else None
+    if not isinstance(checks, list) or not all(isinstance(c, dict) and "check" in c for c in checks):
+        return []
+    return checks
+
+
+def _doctor_line(doc: dict[str, Any]) -> str:
+    if doc.get("status"):
+        return str(doc["status"])
+    states: dict[str, int] = {}
+    for c in _doctor_checks(doc.get("report")):
+        states[str(c.get("state"))] = states.get(str(c.get("state")), 0) + 1
+    counts = ", ".join(f"{n} {state}" for state, n in states.items())
+    return f"exit status {doc.get('exit_status')}" + (f" ({counts})" if counts else "")
 
 
 def write(results: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
@@ -113,7 +139,7 @@ def summary(results: dict[str, Any]) -> str:
     """A few lines for the terminal: each benchmark's status and its ratio figures."""
     tests = results["tests"]
     lines = [f"tests: {tests.get('summary') or tests.get('status')}",
-             f"doctor: {results['doctor'].get('status') or 'exit status ' + str(results['doctor'].get('exit_status'))}"]
+             f"doctor: {_doctor_line(results['doctor'])}"]
     for b in results["benchmarks"]:
         if b["status"] != "ok":
             lines.append(f"{b['name']}: {b['status']}: {b.get('reason') or b.get('error', '')}")
