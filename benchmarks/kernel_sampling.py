@@ -31,8 +31,9 @@ import statistics
 import sys
 import time
 import timeit
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -43,13 +44,91 @@ def _bootstrap_median(xs: list[float], rounds: int = 2000) -> tuple[float, float
     return meds[int(0.025 * rounds)], meds[int(0.975 * rounds)]
 
 
-def main() -> int:
+def measure(model: Any, ids: Any, *, every: int, segment: int, design: str, rounds: Iterable[int],
+            recorders: dict[str, Callable[[], Any] | None]) -> dict[str, Any]:
+    """Interleaved plain and sampled runs of ``model(ids)`` steps; the timings of each variant.
+
+    Args:
+        model, ids: one step is ``model(ids)`` under ``torch.no_grad()``.
+        every: the sampling period N.
+        segment: steps per run in the ``segments`` design (``blocks`` runs N steps).
+        design: ``segments`` or ``blocks`` (the module docstring).
+        rounds: round indices (``range(reps)``, or a time budget's rounds).
+        recorders: variant name → a factory of the sampler's recorder (``None``: gpuprobe's pick).
+
+    Returns:
+        ``steps`` per run, ``times`` (variant → seconds of each round's run; ``None`` is the plain
+        variant) and ``hook_ns``, the step hook's cost on a step that is not sampled.
+    """
     import torch
-    import transformers
 
     import gpuprobe
     from gpuprobe import profiling
     from gpuprobe.runtime import runtime
+
+    rt = runtime()
+    cuda = ids.is_cuda
+    variants: list[str | None] = [None, *recorders]
+
+    def run(variant: str | None, steps: int) -> float:
+        # Align the step counter so the first step of the run is a sampled one.
+        while (rt.steps.index + 1) % every:
+            rt.advance_step()  # no sampler attached yet: only counts
+        sampler = None
+        if variant is not None:
+            sampler = profiling.KernelSampler(every)
+            make = recorders[variant]
+            if make is not None:
+                sampler._recorder = make()
+            sampler.attach(rt)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for _ in range(steps):
+                gpuprobe.step()
+                model(ids)
+        if sampler is not None:
+            sampler.detach()  # finishes the sample if still open and waits for the worker: all counted
+            assert sampler.samples == 1, "the sample was not taken"
+        if cuda:
+            torch.cuda.synchronize()  # the run ends when its kernels have
+        return time.perf_counter() - t0
+
+    steps = segment if design == "segments" else every
+    for v in variants:  # warm-up: the first profiler start loads its libraries
+        run(v, steps)
+    times: dict[str | None, list[float]] = {v: [] for v in variants}
+    for r in rounds:
+        order = variants if r % 2 == 0 else variants[::-1]
+        for v in order:
+            times[v].append(run(v, steps))
+
+    # The hook's cost on a step that is not sampled: an owner check, one modulo and a compare.
+    sampler = profiling.KernelSampler(every)
+    hook_ns = min(timeit.repeat(lambda: sampler.on_step(1), number=100_000, repeat=5)) / 100_000 * 1e9
+    return {"steps": steps, "times": times, "hook_ns": hook_ns}
+
+
+def overhead(times: list[float], plain: list[float], *, every: int, steps: int, hook_ns: float) -> dict[str, float]:
+    """One sample's cost (median paired difference, 95 % interval) and the overhead it gives at N=``every``.
+
+    For the ``segments`` design: overhead = (sample + (N − 1) × hook) / (N × step).
+    """
+    diffs = [b - a for a, b in zip(plain, times)]  # paired: drift cancels
+    med = statistics.median(diffs)
+    lo, hi = _bootstrap_median(diffs)
+    step_ms = 1e3 * statistics.median(plain) / steps
+    period_ms = every * step_ms
+    fixed = (every - 1) * hook_ns / 1e6
+    return {"sample_ms": 1e3 * med, "sample_ms_lo": 1e3 * lo, "sample_ms_hi": 1e3 * hi, "step_ms": step_ms,
+            "overhead_pct": 100 * (1e3 * med + fixed) / period_ms,
+            "overhead_pct_hi": 100 * (1e3 * hi + fixed) / period_ms}
+
+
+def main() -> int:
+    import torch
+    import transformers
+
+    from gpuprobe import profiling
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--every", type=int, default=100)
@@ -69,48 +148,17 @@ def main() -> int:
                                    num_key_value_heads=4, vocab_size=8192)
     model = transformers.LlamaForCausalLM(cfg).eval()
     ids = torch.randint(0, 8192, (1, 1))
-    rt = runtime()
 
-    recorders: dict[str, Callable[[], Any]] = {
+    factories: dict[str, Callable[[], Any] | None] = {
         "legacy": lambda: profiling._CpuLegacyRecorder(torch),
         "kineto": lambda: profiling._KinetoRecorder(torch, cuda=False),
         "auto": profiling._recorder,
     }
     names = ["legacy", "kineto"] if args.recorder == "both" else [args.recorder]
-    variants: list[str | None] = [None, *names]
-
-    def run(variant: str | None, steps: int) -> float:
-        # Align the step counter so the first step of the run is a sampled one.
-        while (rt.steps.index + 1) % args.every:
-            rt.advance_step()  # no sampler attached yet: only counts
-        sampler = None
-        if variant is not None:
-            sampler = profiling.KernelSampler(args.every)
-            sampler._recorder = recorders[variant]()
-            sampler.attach(rt)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            for _ in range(steps):
-                gpuprobe.step()
-                model(ids)
-        if sampler is not None:
-            sampler.detach()  # finishes the sample if still open and waits for the worker: all counted
-            assert sampler.samples == 1, "the sample was not taken"
-        return time.perf_counter() - t0
-
-    steps = args.segment if args.design == "segments" else args.every
     reps = args.pairs if args.design == "segments" else args.blocks
-    for v in variants:  # warm-up: the first profiler start loads its libraries
-        run(v, steps)
-    times: dict[str | None, list[float]] = {v: [] for v in variants}
-    for r in range(reps):
-        order = variants if r % 2 == 0 else variants[::-1]
-        for v in order:
-            times[v].append(run(v, steps))
-
-    # The hook's cost on a step that is not sampled: one modulo and a compare.
-    sampler = profiling.KernelSampler(args.every)
-    hook_ns = min(timeit.repeat(lambda: sampler._hook(1), number=100_000, repeat=5)) / 100_000 * 1e9
+    result = measure(model, ids, every=args.every, segment=args.segment, design=args.design, rounds=range(reps),
+                     recorders={n: factories[n] for n in names})
+    times, steps, hook_ns = result["times"], result["steps"], result["hook_ns"]
 
     step_ms = 1e3 * statistics.median(times[None]) / steps
     kind = "CUDA" if torch.cuda.is_available() else "CPU, 1 thread"
@@ -126,15 +174,14 @@ def main() -> int:
         q = statistics.quantiles(ratios, n=4)
         chosen = f" (auto picks {type(profiling._recorder()).__name__})" if v == "auto" else ""
         if args.design == "segments":
-            period_ms = args.every * step_ms
-            fixed = (args.every - 1) * hook_ns / 1e6
-            pct = 100 * (1e3 * med + fixed) / period_ms
-            pct_hi = 100 * (1e3 * hi + fixed) / period_ms
-            print(f"  {v}{chosen}: one sample costs {1e3 * med:.2f} ms (95 % CI {1e3 * lo:.2f}-{1e3 * hi:.2f}); "
-                  f"segment ratio median {statistics.median(ratios):.4f}, IQR {q[0]:.4f}-{q[2]:.4f}")
-            print(f"    overhead at N={args.every}: {pct:.2f} % (upper {pct_hi:.2f} %) of {args.every} steps "
-                  f"of {step_ms:.2f} ms; <= 1 % needs N >= {max(1e3 * hi, 0) / step_ms / 0.01:.0f} at this step time")
-            worst = max(worst, pct_hi)
+            est = overhead(times[v], times[None], every=args.every, steps=steps, hook_ns=hook_ns)
+            print(f"  {v}{chosen}: one sample costs {est['sample_ms']:.2f} ms (95 % CI {est['sample_ms_lo']:.2f}-"
+                  f"{est['sample_ms_hi']:.2f}); segment ratio median {statistics.median(ratios):.4f}, "
+                  f"IQR {q[0]:.4f}-{q[2]:.4f}")
+            print(f"    overhead at N={args.every}: {est['overhead_pct']:.2f} % (upper {est['overhead_pct_hi']:.2f} %) "
+                  f"of {args.every} steps of {step_ms:.2f} ms; <= 1 % needs N >= "
+                  f"{max(est['sample_ms_hi'], 0) / step_ms / 0.01:.0f} at this step time")
+            worst = max(worst, est["overhead_pct_hi"])
         else:
             rmed = statistics.median(ratios)
             print(f"  {v}{chosen}: block time sampled/plain median {rmed:.4f}, IQR {q[0]:.4f}-{q[2]:.4f}; "
