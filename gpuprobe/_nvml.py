@@ -275,14 +275,20 @@ def map_devices(nv: Any, environ: Mapping[str, str] | None = None, torch_devices
     return out, "CUDA_VISIBLE_DEVICES"
 
 
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and bool(torch.cuda.is_initialized())  # never initializes CUDA (docs/gpu.md)
+    except Exception:
+        return False
+
+
 def _torch_devices() -> list[tuple[str, Any]] | None:
     """``(uuid, pci)`` per CUDA ordinal from torch, only once torch itself has initialized CUDA."""
-    torch = sys.modules.get("torch")
-    if torch is None:
+    if not _cuda_initialized():
         return None
+    torch = sys.modules["torch"]
     try:
-        if not torch.cuda.is_initialized():  # does not initialize CUDA (docs/gpu.md)
-            return None
         out = []
         for n in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(n)
@@ -321,6 +327,7 @@ class GpuHealth:
         self.detail = "waiting for the first background round"
         self.devices: list[Device] = []
         self.source = ""
+        self._cuda_seen = False  # torch's devices decided the mapping
         self.off: dict[tuple[int, str], str] = {}  # (gpu.index, reading) → why it is off
         self._children: dict[tuple[str, str, str | None], Any] = {}
 
@@ -340,8 +347,8 @@ class GpuHealth:
                 self._start()
             if self.state != "ok":
                 return
-            if self.source != "torch":
-                self._remap_if_cuda_started()
+            if not self._cuda_seen and _cuda_initialized():
+                self._map()  # once: the CUDA devices are torch's from now on
             self._sample()
 
     def _start(self) -> None:
@@ -359,33 +366,34 @@ class GpuHealth:
         self._nv = nv
         self._bits = _reason_bits(nv)
         try:
-            self.devices, self.source = map_devices(nv, self._environ, _torch_devices())
-            self._handles = {d.index: nv.nvmlDeviceGetHandleByIndex(d.index) for d in self.devices}
+            self._map()
         except Exception as exc:
             self._shutdown()
             self._fail(f"NVML could not list the devices: {type(exc).__name__}: {exc}", exc)
             return
         self.state = "ok"
-        n = len(self.devices)
-        self.detail = f"{n} device{'s' if n != 1 else ''} ({self.source})"
         if rt is not None and not self.devices:
             rt.warn_once("nvml:devices", "gpuprobe: GPU health gauges: NVML sees no GPU this process can use "
                                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
 
-    def _remap_if_cuda_started(self) -> None:
+    def _map(self) -> None:
+        """Which NVML device each CUDA ordinal is: torch's devices once CUDA is up, else the variable's."""
+        nv, note = self._nv, ""
         found = _torch_devices()
-        if found is None:
-            return
-        try:
-            devices, source = map_devices(self._nv, self._environ, found)
-            self._handles = {d.index: self._nv.nvmlDeviceGetHandleByIndex(d.index) for d in devices}
-        except Exception:
-            return  # keep the mapping from CUDA_VISIBLE_DEVICES
+        self._cuda_seen = found is not None or _cuda_initialized()  # torch failing to answer: not asked again
+        devices: list[Device] = []
+        if found is not None:
+            devices, source = map_devices(nv, self._environ, found)
+            if not devices:
+                note = "; torch's device UUIDs matched no NVML device"
+        if not devices:
+            devices, source = map_devices(nv, self._environ)
+        self._handles = {d.index: nv.nvmlDeviceGetHandleByIndex(d.index) for d in devices}
         if devices != self.devices:
             self._forget_series()
         self.devices, self.source = devices, source
         n = len(devices)
-        self.detail = f"{n} device{'s' if n != 1 else ''} ({source})"
+        self.detail = f"{n} device{'s' if n != 1 else ''} ({source}){note}"
 
     def _sample(self) -> None:
         rt, nv = self._rt, self._nv

@@ -125,6 +125,7 @@ def test_stand_in_constants_and_error_classes_are_nvidia_ml_py_s() -> None:
         real = getattr(pynvml, name)
         assert issubclass(real, pynvml.NVMLError)
         assert type(sim.NVMLError(real(0).value)).__name__ == name  # the same code maps to the same class
+        assert str(sim.NVMLError(real(0).value)) == str(real(0))
 
 
 # -- the gauges are what NVML answers --------------------------------------------------------------
@@ -267,6 +268,18 @@ def test_once_torch_initializes_cuda_its_device_uuids_decide(nvml: SimulatedNvml
         ("cuda:0", 2), ("cuda:1", 0)]
     _wait(lambda: _key("gpuprobe.gpu.power", 2, "cuda:0") in _points(), "the gauges under torch's ordinals")
     assert _key("gpuprobe.gpu.power", 1, "cuda:1") not in _points()  # the earlier series went away
+
+
+def test_torch_devices_nvml_does_not_list_leave_the_variable_s_mapping(nvml: SimulatedNvml, simcuda: Any) -> None:
+    import torch
+
+    simcuda(2)  # its UUIDs and PCI bus ids match none of the simulated NVML's GPUs
+    nvml.gpus[0].pci_bus_id = "00000000:77:00.0"
+    torch.cuda.init()
+    _start()
+    _wait(lambda: "matched no NVML device" in gpuprobe.info()["gpu_health"]["detail"], "the failed match")
+    assert [d["gpu.index"] for d in gpuprobe.info()["gpu_health"]["devices"]] == [0, 1, 2]
+    _wait(lambda: _key("gpuprobe.gpu.power", 2, "cuda:2") in _points(), "gauges by the variable's mapping")
 
 
 def test_sampling_never_initializes_cuda(nvml: SimulatedNvml, simcuda: Any) -> None:

@@ -65,6 +65,16 @@ ERROR_CODES: dict[str, int] = {
     "NVML_ERROR_UNKNOWN": 999,
 }
 
+# What str() of each error says (nvidia-ml-py's NVMLError._errcode_to_string).
+_MESSAGES: dict[int, str] = {
+    1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions",
+    5: "Already Initialized", 6: "Not Found", 7: "Insufficient Size", 8: "Insufficient External Power",
+    9: "Driver Not Loaded", 10: "Timeout", 11: "Interrupt Request Issue", 12: "NVML Shared Library Not Found",
+    13: "Function Not Found", 14: "Corrupted infoROM", 15: "GPU is lost", 16: "GPU requires restart",
+    17: "The operating system has blocked the request.", 18: "RM has detected an NVML/RM version mismatch.",
+    999: "Unknown Error",
+}
+
 _CONSTANTS: dict[str, int] = {
     "NVML_SUCCESS": 0,
     "NVML_CLOCK_GRAPHICS": 0,
@@ -193,8 +203,7 @@ class SimulatedNvml:
                 super().__init__(value)
 
             def __str__(self) -> str:
-                names = {v: k for k, v in ERROR_CODES.items()}
-                return names.get(self.value, f"NVML Error with code {self.value}")  # type: ignore[attr-defined]
+                return _MESSAGES.get(self.value, f"NVML Error with code {self.value}")  # type: ignore[attr-defined]
 
         NVMLError.__module__ = "pynvml"
         mod.NVMLError = NVMLError  # type: ignore[attr-defined]
