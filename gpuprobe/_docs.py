@@ -49,6 +49,8 @@ ATTRIBUTES = {
     "gpuprobe.gpu.power.limit": "gpu.index, gpuprobe.device (per series)",
     "gpuprobe.gpu.temperature": "gpu.index, gpuprobe.device (per series)",
     "gpuprobe.gpu.throttle": "gpu.index, gpuprobe.device (per series), reason (gpu_idle/applications_clocks/sw_power_cap/hw_slowdown/sync_boost/sw_thermal/hw_thermal/hw_power_brake/display_clocks)",
+    "gpuprobe.gpu.sm.activity": "gpu.index, gpuprobe.device (per series)",
+    "gpuprobe.gpu.tensor.activity": "gpu.index, gpuprobe.device (per series)",
 }
 
 # GPU health gauges (NVML) → the dcgm-exporter field that carries the same reading, and how they differ.
@@ -63,6 +65,9 @@ DCGM = {
     "gpuprobe.gpu.temperature": ("DCGM_FI_DEV_GPU_TEMP", "both °C"),
     "gpuprobe.gpu.throttle": ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS (formerly DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)",
                               "dcgm: the bitmask; here one 0/1 series per reason"),
+    "gpuprobe.gpu.sm.activity": ("DCGM_FI_PROF_SM_ACTIVE", "both 0–1 (here from NVML's GPM: SM utilization ÷ 100)"),
+    "gpuprobe.gpu.tensor.activity": ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                                     "both 0–1 (here from NVML's GPM: any-tensor utilization ÷ 100)"),
 }
 
 _SUFFIX = {"histogram": "_bucket / _sum / _count", "counter": "_total", "updown": "", "gauge": ""}

@@ -134,6 +134,10 @@ SPECS: dict[str, MetricSpec] = dict(
         _spec("gpuprobe.gpu.temperature", "gauge", "Cel", "GPU health (NVML): GPU temperature"),
         _spec("gpuprobe.gpu.throttle", "gauge", "1",
               "GPU health (NVML): 1 while the clocks are held down for this reason, else 0"),
+        _spec("gpuprobe.gpu.sm.activity", "gauge", "1",
+              "GPU health (NVML GPM, Hopper and later): fraction of SMs busy over the last sample period"),
+        _spec("gpuprobe.gpu.tensor.activity", "gauge", "1",
+              "GPU health (NVML GPM, Hopper and later): tensor-core activity over the last sample period"),
     ]
 )
 

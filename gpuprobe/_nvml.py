@@ -1,4 +1,5 @@
-"""GPU health gauges from NVML (nvidia-ml-py): utilization, memory, SM clock, power, temperature, throttling.
+"""GPU health gauges from NVML (nvidia-ml-py): utilization, memory, SM clock, power, temperature, throttling,
+and SM / tensor-core activity from GPM (GPU performance monitoring) where the GPU has it (Hopper and later).
 
 The one module that imports ``pynvml``. Off unless the ``nvml`` setting is on (``GPUPROBE_NVML=1`` or
 ``configure(nvml=True)``); importing this module imports nothing of NVML.
@@ -36,8 +37,8 @@ from ._lifecycle import Owner
 from .errors import missing
 from .runtime import Runtime
 
-__all__ = ["GpuHealth", "Device", "READINGS", "THROTTLE_REASONS", "describe", "status", "map_devices",
-           "start_from_settings"]
+__all__ = ["GpuHealth", "Device", "Slot", "READINGS", "GPM_METRICS", "THROTTLE_REASONS", "gpm_request", "describe",
+           "status", "map_devices", "load", "start_from_settings"]
 
 _INSTALL = "pip install 'gpuprobe[nvml]'"
 
@@ -72,6 +73,25 @@ def load() -> Any:
 Values = list[tuple[str, str | None, float]]  # (metric, throttle reason or None, value in the metric's unit)
 
 
+@dataclasses.dataclass
+class Slot:
+    """What the readings of one GPU need: its handle, the reason bits, GPM samples kept between rounds."""
+
+    handle: Any
+    bits: tuple[tuple[str, int], ...] = ()
+    gpm: list[Any] | None = None  # [the earlier sample, the one the next round fills]
+    gpm_filled: bool = False
+
+    def release(self, nv: Any) -> None:
+        """Free the GPM samples (before NVML shuts down)."""
+        for sample in self.gpm or ():
+            try:
+                nv.nvmlGpmSampleFree(sample)
+            except Exception:
+                pass
+        self.gpm = None
+
+
 @dataclasses.dataclass(frozen=True)
 class Reading:
     """One NVML call per device per sample, and the gauges it sets.
@@ -80,38 +100,41 @@ class Reading:
         name: what ``info()`` calls it (``power``, ``memory``, ...).
         function: the nvidia-ml-py function it calls (what the warning names).
         metrics: the gauges it sets.
-        read: ``(pynvml, handle, reason bits) -> [(metric, reason, value), ...]``.
+        read: ``(pynvml, slot) -> [(metric, reason, value), ...]`` (the slot: the GPU's handle and state).
     """
 
     name: str
     function: str
     metrics: tuple[str, ...]
-    read: Callable[[Any, Any, tuple[tuple[str, int], ...]], Values]
+    read: Callable[[Any, Slot], Values]
 
 
-def _utilization(nv: Any, h: Any, _: Any) -> Values:
-    return [("gpuprobe.gpu.utilization", None, nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)]
+def _utilization(nv: Any, slot: Slot) -> Values:
+    return [("gpuprobe.gpu.utilization", None, nv.nvmlDeviceGetUtilizationRates(slot.handle).gpu / 100.0)]
 
 
-def _memory(nv: Any, h: Any, _: Any) -> Values:
-    info = nv.nvmlDeviceGetMemoryInfo(h)
-    return [("gpuprobe.gpu.memory.used", None, float(info.used)), ("gpuprobe.gpu.memory.total", None, float(info.total))]
+def _memory(nv: Any, slot: Slot) -> Values:
+    info = nv.nvmlDeviceGetMemoryInfo(slot.handle)
+    return [("gpuprobe.gpu.memory.used", None, float(info.used)),
+            ("gpuprobe.gpu.memory.total", None, float(info.total))]
 
 
-def _sm_clock(nv: Any, h: Any, _: Any) -> Values:
-    return [("gpuprobe.gpu.clock.sm", None, nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM) * 1e6)]  # MHz → Hz
+def _sm_clock(nv: Any, slot: Slot) -> Values:
+    mhz = nv.nvmlDeviceGetClockInfo(slot.handle, nv.NVML_CLOCK_SM)
+    return [("gpuprobe.gpu.clock.sm", None, mhz * 1e6)]
 
 
-def _power(nv: Any, h: Any, _: Any) -> Values:
-    return [("gpuprobe.gpu.power", None, nv.nvmlDeviceGetPowerUsage(h) / 1000.0)]  # mW → W
+def _power(nv: Any, slot: Slot) -> Values:
+    return [("gpuprobe.gpu.power", None, nv.nvmlDeviceGetPowerUsage(slot.handle) / 1000.0)]  # mW → W
 
 
-def _power_limit(nv: Any, h: Any, _: Any) -> Values:
-    return [("gpuprobe.gpu.power.limit", None, nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)]  # mW → W
+def _power_limit(nv: Any, slot: Slot) -> Values:
+    return [("gpuprobe.gpu.power.limit", None, nv.nvmlDeviceGetEnforcedPowerLimit(slot.handle) / 1000.0)]  # mW → W
 
 
-def _temperature(nv: Any, h: Any, _: Any) -> Values:
-    return [("gpuprobe.gpu.temperature", None, float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))]
+def _temperature(nv: Any, slot: Slot) -> Values:
+    celsius = nv.nvmlDeviceGetTemperature(slot.handle, nv.NVML_TEMPERATURE_GPU)
+    return [("gpuprobe.gpu.temperature", None, float(celsius))]
 
 
 def _reasons_function(nv: Any) -> str:
@@ -121,9 +144,44 @@ def _reasons_function(nv: Any) -> str:
     return "nvmlDeviceGetCurrentClocksThrottleReasons"
 
 
-def _throttle(nv: Any, h: Any, bits: tuple[tuple[str, int], ...]) -> Values:
-    mask = int(getattr(nv, _reasons_function(nv))(h))
-    return [("gpuprobe.gpu.throttle", reason, 1.0 if mask & bit else 0.0) for reason, bit in bits]
+def _throttle(nv: Any, slot: Slot) -> Values:
+    mask = int(getattr(nv, _reasons_function(nv))(slot.handle))
+    return [("gpuprobe.gpu.throttle", reason, 1.0 if mask & bit else 0.0) for reason, bit in slot.bits]
+
+
+# GPM metric (nvml.h nvmlGpmMetricId_t) → gauge; GPM values are percentages.
+GPM_METRICS: tuple[tuple[str, str], ...] = (
+    ("NVML_GPM_METRIC_SM_UTIL", "gpuprobe.gpu.sm.activity"),
+    ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", "gpuprobe.gpu.tensor.activity"),
+)
+
+
+def _gpm(nv: Any, slot: Slot) -> Values:
+    """SM and tensor-core activity between this round's GPM sample and the previous one's (Hopper and later)."""
+    if slot.gpm is None:
+        if not nv.nvmlGpmQueryDeviceSupport(slot.handle).isSupportedDevice:
+            raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+        slot.gpm = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+    earlier, later = slot.gpm
+    nv.nvmlGpmSampleGet(slot.handle, later)
+    slot.gpm.reverse()  # the sample just taken is the next round's earlier one
+    if not slot.gpm_filled:
+        slot.gpm_filled = True
+        return []  # one sample: nothing to compare with yet
+    request = nv.nvmlGpmMetricsGet(gpm_request(nv, earlier, later))
+    return [(metric, None, request.metrics[k].value / 100.0) for k, (_, metric) in enumerate(GPM_METRICS)
+            if request.metrics[k].nvmlReturn == nv.NVML_SUCCESS]
+
+
+def gpm_request(nv: Any, earlier: Any, later: Any) -> Any:
+    """The ``c_nvmlGpmMetricsGet_t`` asking for :data:`GPM_METRICS` between two samples."""
+    request = nv.c_nvmlGpmMetricsGet_t()
+    request.version = nv.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(GPM_METRICS)
+    request.sample1, request.sample2 = earlier, later
+    for k, (metric_id, _) in enumerate(GPM_METRICS):
+        request.metrics[k].metricId = getattr(nv, metric_id)
+    return request
 
 
 READINGS: tuple[Reading, ...] = (
@@ -134,6 +192,7 @@ READINGS: tuple[Reading, ...] = (
     Reading("power.limit", "nvmlDeviceGetEnforcedPowerLimit", ("gpuprobe.gpu.power.limit",), _power_limit),
     Reading("temperature", "nvmlDeviceGetTemperature", ("gpuprobe.gpu.temperature",), _temperature),
     Reading("throttle", "nvmlDeviceGetCurrentClocksEventReasons", ("gpuprobe.gpu.throttle",), _throttle),
+    Reading("gpm", "nvmlGpmMetricsGet", tuple(metric for _, metric in GPM_METRICS), _gpm),
 )
 """Every reading, in the order a sample takes them."""
 
@@ -322,7 +381,7 @@ class GpuHealth:
         self._rt: Runtime | None = None
         self._nv: Any = None
         self._bits: tuple[tuple[str, int], ...] = ()
-        self._handles: dict[int, Any] = {}
+        self._slots: dict[int, Slot] = {}  # by NVML index
         self.state = "starting"  # starting | ok | fail | closed
         self.detail = "waiting for the first background round"
         self.devices: list[Device] = []
@@ -388,8 +447,10 @@ class GpuHealth:
                 note = "; torch's device UUIDs matched no NVML device"
         if not devices:
             devices, source = map_devices(nv, self._environ)
-        self._handles = {d.index: nv.nvmlDeviceGetHandleByIndex(d.index) for d in devices}
         if devices != self.devices:
+            for slot in self._slots.values():
+                slot.release(nv)
+            self._slots = {d.index: Slot(nv.nvmlDeviceGetHandleByIndex(d.index), self._bits) for d in devices}
             self._forget_series()
         self.devices, self.source = devices, source
         n = len(devices)
@@ -399,25 +460,26 @@ class GpuHealth:
         rt, nv = self._rt, self._nv
         if rt is None:
             return
-        for device in self.devices:
-            handle = self._handles[device.index]
+        for index, slot in self._slots.items():  # each GPU once, however many CUDA devices (MIG) it holds
+            devices = [d for d in self.devices if d.index == index]
             for reading in READINGS:
-                key = (device.index, reading.name)
+                key = (index, reading.name)
                 if key in self.off:
                     continue
                 try:
-                    values = reading.read(nv, handle, self._bits)
-                except nv.NVMLError_NotSupported:
+                    values = reading.read(nv, slot)
+                except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):  # not in this GPU or driver
                     self._turn_off(key, reading, "not supported")
                     continue
                 except Exception as exc:
                     function = _reasons_function(nv) if reading.name == "throttle" else reading.function
                     self._turn_off(key, reading, f"{function} failed: {type(exc).__name__}: {exc}")
-                    rt.warn_once(f"nvml:{key}", f"gpuprobe: GPU health gauge {reading.name!r} of GPU {device.index} "
+                    rt.warn_once(f"nvml:{key}", f"gpuprobe: GPU health gauge {reading.name!r} of GPU {index} "
                                                 f"is off: {function} failed: {exc!r}")
                     continue
                 for metric, reason, value in values:
-                    rt.emit(self._child(metric, device, reason), value)
+                    for device in devices:
+                        rt.emit(self._child(metric, device, reason), value)
 
     def _child(self, metric: str, device: Device, reason: str | None) -> Any:
         key = (metric, device.cuda, reason)
@@ -458,16 +520,19 @@ class GpuHealth:
     def _shutdown(self) -> None:
         nv, self._nv = self._nv, None
         if nv is not None:
+            for slot in self._slots.values():
+                slot.release(nv)
             try:
                 nv.nvmlShutdown()
             except Exception:
                 pass
 
     def close(self) -> None:
-        """Shut NVML down (in the process that started it); the gauges stop."""
+        """Shut NVML down (in the process that started it); the gauges leave the exports."""
         with self._lock:
             if os.getpid() == self._pid:
                 self._shutdown()
+                self._forget_series()
             self.state, self.detail = "closed", "closed"
 
     def status(self) -> dict[str, Any]:

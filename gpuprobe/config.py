@@ -343,9 +343,9 @@ class Config:
         optional=True)
     nvml: bool = _setting(
         "GPUPROBE_NVML", _bool, False,
-        "GPU health gauges from NVML (utilization, memory, SM clock, power, temperature, throttling) for every "
-        "GPU the process can see, read on the background thread every `collect_interval`; needs "
-        "`gpuprobe[nvml]` (docs/gpu.md)")
+        "GPU health gauges from NVML (utilization, memory, SM clock, power, temperature, throttling; SM and "
+        "tensor-core activity on GPUs with GPM) for every GPU the process can see, read on the background thread "
+        "every `collect_interval`; needs `gpuprobe[nvml]` (docs/gpu.md)")
 
 
 def _settings() -> dict[str, Setting]:

@@ -128,6 +128,21 @@ def test_stand_in_constants_and_error_classes_are_nvidia_ml_py_s() -> None:
         assert str(sim.NVMLError(real(0).value)) == str(real(0))
 
 
+def test_stand_in_gpm_structures_have_nvidia_ml_py_s_fields() -> None:
+    sim = SimulatedNvml().module
+    for name in ("c_nvmlGpmMetricsGet_t", "c_nvmlGpmMetric_t"):
+        real_fields = [f[0] for f in getattr(pynvml, name)._fields_]
+        assert list(vars(getattr(sim, name)()).keys()) == real_fields, name
+
+
+def test_the_gpm_request_fits_nvidia_ml_py_s_ctypes_structure() -> None:
+    earlier, later = pynvml.c_nvmlGpmSample_t(), pynvml.c_nvmlGpmSample_t()  # null samples: no GPU here
+    request = _nvml.gpm_request(pynvml, earlier, later)
+    assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION and request.numMetrics == 2
+    assert [request.metrics[k].metricId for k in range(2)] == [pynvml.NVML_GPM_METRIC_SM_UTIL,
+                                                              pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL]
+
+
 # -- the gauges are what NVML answers --------------------------------------------------------------
 
 def test_gauges_equal_what_nvml_answers_for_every_gpu(nvml: SimulatedNvml) -> None:
@@ -202,6 +217,21 @@ def test_otlp_push_carries_the_gauges(nvml: SimulatedNvml) -> None:
         exp.close()
     finally:
         receiver.close()
+
+
+def test_gpm_sm_and_tensor_activity_where_the_gpu_has_gpm(nvml: SimulatedNvml) -> None:
+    nvml.gpus[1].gpm, nvml.gpus[1].sm_activity, nvml.gpus[1].tensor_activity = True, 62.5, 40.0
+    _start()
+    sm, tensor = _key("gpuprobe.gpu.sm.activity", 1, "cuda:1"), _key("gpuprobe.gpu.tensor.activity", 1, "cuda:1")
+    _wait(lambda: sm in _points(), "GPM activity (two samples)")
+    assert (_points()[sm], _points()[tensor]) == (0.625, 0.4)
+    nvml.gpus[1].sm_activity = 12.0
+    _wait(lambda: _points().get(sm) == pytest.approx(0.12), "the next interval's activity")
+    assert not [k for k in _points() if k[0] == "gpuprobe.gpu.sm.activity" and ("gpu.index", "1") not in k[1]]
+    off = {(o["gpu.index"], o["reading"]): o["why"] for o in gpuprobe.info()["gpu_health"]["off"]}
+    assert off == {(0, "gpm"): "not supported", (2, "gpm"): "not supported"}
+    reset()
+    assert nvml.gpm_samples and all(sample.freed for sample in nvml.gpm_samples)
 
 
 # -- which device is which -----------------------------------------------------------------------------
@@ -310,7 +340,7 @@ def test_a_failing_reading_warns_once_and_the_others_go_on(nvml: SimulatedNvml) 
     assert points[_key("gpuprobe.gpu.power", 0, "cuda:0")] == 123.456  # the same reading on another GPU
     assert points[_key("gpuprobe.gpu.temperature", 1, "cuda:1")] == 75  # another reading of the same GPU
     asked = [f for f, _ in nvml.calls if f == "nvmlDeviceGetPowerUsage"]
-    (off,) = gpuprobe.info()["gpu_health"]["off"]
+    (off,) = [o for o in gpuprobe.info()["gpu_health"]["off"] if o["why"] != "not supported"]
     assert off["gpu.index"] == 1 and off["reading"] == "power" and "GpuIsLost" in off["why"]
     time.sleep(0.2)
     assert len([f for f, _ in nvml.calls if f == "nvmlDeviceGetPowerUsage"]) > len(asked)  # still read on GPUs 0, 2
@@ -340,7 +370,8 @@ def test_not_supported_readings_are_absent_without_a_warning(nvml: SimulatedNvml
     assert not [k for k in points if k[0] == "gpuprobe.gpu.throttle" and ("gpu.index", "2") in k[1]]
     assert points[_key("gpuprobe.gpu.power.limit", 0, "cuda:0")] == 700.0
     off = {(o["gpu.index"], o["reading"]): o["why"] for o in gpuprobe.info()["gpu_health"]["off"]}
-    assert off == {(2, "power.limit"): "not supported", (2, "throttle"): "not supported"}
+    gpm = {(i, "gpm"): "not supported" for i in range(3)}  # no simulated GPU here has GPM
+    assert off == {(2, "power.limit"): "not supported", (2, "throttle"): "not supported", **gpm}
 
 
 def test_nvml_that_cannot_start_turns_the_gauges_off_with_one_warning() -> None:
@@ -410,6 +441,15 @@ def test_off_by_default_and_nvml_never_imported() -> None:
     imported, gauges, info = json.loads(done.stdout.strip().splitlines()[-1])
     assert imported is False and gauges == []
     assert info["on"] is False and info["state"] == "off"
+
+
+def test_turning_it_off_removes_the_gauges_and_shuts_nvml_down(nvml: SimulatedNvml) -> None:
+    _start()
+    _wait(lambda: len(_points()) > 10, "samples")
+    gpuprobe.configure(nvml=False)
+    assert _points() == {}
+    assert nvml.initialized == 0
+    assert gpuprobe.info()["gpu_health"]["on"] is False
 
 
 def test_the_environment_turns_it_on() -> None:

@@ -299,6 +299,12 @@ def _gpu_health_row(q: Queries) -> Row:
                Target(gauge("gpuprobe.gpu.power.limit"), f"limit {who}")), "watt", gpu_only=True),
         Panel("GPU temperature", f"{GPU_ONLY} GPU core temperature (NVML; DCGM_FI_DEV_GPU_TEMP).{src}",
               (Target(gauge("gpuprobe.gpu.temperature"), who),), "celsius", gpu_only=True),
+        Panel("SM and tensor-core activity", f"{GPU_ONLY} Fraction of the SMs busy, and tensor-core activity, over "
+              "each sample period (NVML's GPU performance monitoring, Hopper and later; DCGM_FI_PROF_SM_ACTIVE, "
+              "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE). Unlike utilization, these fall when kernels leave SMs or "
+              f"tensor cores idle.{src}",
+              (Target(gauge("gpuprobe.gpu.sm.activity"), f"SMs {who}"),
+               Target(gauge("gpuprobe.gpu.tensor.activity"), f"tensor cores {who}")), "percentunit", gpu_only=True),
         Panel("Clock throttle reasons", f"{GPU_ONLY} Share of the time each reason held the clocks down "
               "(NVML's clocks-event reasons; DCGM_FI_DEV_CLOCKS_EVENT_REASONS): gpu_idle is normal between "
               "steps; sw_power_cap, hw_slowdown, sw_thermal, hw_thermal and hw_power_brake during steps cost "

@@ -11,9 +11,13 @@ a test changes between samples. A reading can answer "not supported" (``not_supp
 NVML functions) or fail with any NVML error (``failing``: function name → error code), per device.
 Every call is recorded with the name of the thread that made it (:attr:`SimulatedNvml.calls`).
 
+GPU performance monitoring (GPM) is simulated for SM and "any tensor" utilization: samples are
+allocated, filled in order and freed, and ``nvmlGpmMetricsGet`` answers the values the GPU held when
+the later sample was taken (a real GPU averages over the interval).
+
 What it does not simulate: NVML's own reference counting across ``nvmlInit``/``nvmlShutdown`` beyond
-"initialized or not", events, accounting, NVLink, GPM, vGPU, and readings of MIG device handles
-(they answer "not supported", as MIG instances do for utilization).
+a count, events, accounting, NVLink, other GPM metrics, MIG GPM samples, vGPU, and readings of MIG
+device handles (they answer "not supported", as MIG instances do for utilization).
 
 A test (tests/test_nvml.py) checks that every name here exists in the installed nvidia-ml-py with the
 same parameters, so the stand-in cannot drift from the real module.
@@ -83,6 +87,13 @@ _CONSTANTS: dict[str, int] = {
     "NVML_TEMPERATURE_GPU": 0,
     "NVML_DEVICE_MIG_DISABLE": 0,
     "NVML_DEVICE_MIG_ENABLE": 1,
+    # GPU performance monitoring (GPM, Hopper and later).
+    "NVML_GPM_SUPPORT_VERSION": 1,
+    "NVML_GPM_METRICS_GET_VERSION": 1,
+    "NVML_GPM_METRIC_SM_UTIL": 2,
+    "NVML_GPM_METRIC_SM_OCCUPANCY": 3,
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5,
+    "NVML_GPM_METRIC_MAX": 477,
 }
 
 # Clocks-event reasons (nvml.h; "clocks throttle reasons" before NVML 12.2): bits of
@@ -111,7 +122,8 @@ FUNCTIONS: tuple[str, ...] = (
     "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetTemperature", "nvmlDeviceGetCurrentClocksEventReasons",
     "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
     "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
-    "nvmlDeviceIsMigDeviceHandle",
+    "nvmlDeviceIsMigDeviceHandle", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree",
+    "nvmlGpmSampleGet", "nvmlGpmMetricsGet",
 )
 """The nvidia-ml-py functions the stand-in has (a test checks their parameters against the real module)."""
 
@@ -126,6 +138,10 @@ class SimGpu:
     """One simulated GPU: identity and readings in NVML's own units (percent, bytes, MHz, mW, °C).
 
     Attributes:
+        gpm: GPU performance monitoring is supported (``nvmlGpmQueryDeviceSupport``).
+        sm_activity: GPM's SM utilization in percent between two samples (the value when the later one
+            was taken).
+        tensor_activity: GPM's "any tensor" utilization in percent, likewise.
         not_supported: NVML function names that answer ``NVMLError_NotSupported`` on this GPU.
         failing: NVML function name → error code (a key of :data:`ERROR_CODES` or a number) to raise.
         mig: UUIDs of MIG devices on this GPU (MIG mode is enabled when there are any).
@@ -142,6 +158,9 @@ class SimGpu:
     power_limit_mw: int = 700_000
     temperature_c: int = 35
     clocks_event_reasons: int = 0
+    gpm: bool = False
+    sm_activity: float = 0.0
+    tensor_activity: float = 0.0
     mig: tuple[str, ...] = ()
     not_supported: set[str] = dataclasses.field(default_factory=set)
     failing: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -161,6 +180,37 @@ class _Struct:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.__dict__})"
+
+
+class _GpmSample:
+    """A GPM sample buffer (``nvmlGpmSampleAlloc``); ``nvmlGpmSampleGet`` fills it."""
+
+    def __init__(self) -> None:
+        self.gpu: int | None = None
+        self.serial = 0
+        self.values: dict[int, float] = {}
+        self.freed = False
+
+
+class c_nvmlGpmMetric_t:  # noqa: N801 - nvidia-ml-py's name
+    """One metric of a ``nvmlGpmMetricsGet`` request (the fields of nvidia-ml-py's structure)."""
+
+    def __init__(self) -> None:
+        self.metricId = 0  # noqa: N815
+        self.nvmlReturn = 0  # noqa: N815
+        self.value = 0.0
+        self.metricInfo = None  # noqa: N815
+
+
+class c_nvmlGpmMetricsGet_t:  # noqa: N801 - nvidia-ml-py's name
+    """A ``nvmlGpmMetricsGet`` request: two samples and up to ``NVML_GPM_METRIC_MAX`` metrics."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0  # noqa: N815
+        self.sample1: Any = None
+        self.sample2: Any = None
+        self.metrics = [c_nvmlGpmMetric_t() for _ in range(_CONSTANTS["NVML_GPM_METRIC_MAX"])]
 
 
 class SimulatedNvml:
@@ -215,6 +265,9 @@ class SimulatedNvml:
             setattr(mod, cls.__name__, cls)
         for name in FUNCTIONS:
             setattr(mod, name, getattr(self, "_" + name))
+        mod.c_nvmlGpmMetricsGet_t = c_nvmlGpmMetricsGet_t  # type: ignore[attr-defined]
+        mod.c_nvmlGpmMetric_t = c_nvmlGpmMetric_t  # type: ignore[attr-defined]
+        self.gpm_samples: list[_GpmSample] = []
         return mod
 
     @contextlib.contextmanager
@@ -385,3 +438,51 @@ class SimulatedNvml:
     def _nvmlDeviceIsMigDeviceHandle(self, device: Any) -> bool:
         self._enter("nvmlDeviceIsMigDeviceHandle", device)
         return device.mig is not None
+
+    def _nvmlGpmQueryDeviceSupport(self, device: Any) -> _Struct:
+        gpu = self._enter("nvmlGpmQueryDeviceSupport", device)
+        assert gpu is not None
+        return _Struct(version=_CONSTANTS["NVML_GPM_SUPPORT_VERSION"], isSupportedDevice=int(gpu.gpm))
+
+    def _nvmlGpmSampleAlloc(self) -> _GpmSample:
+        self._enter("nvmlGpmSampleAlloc")
+        sample = _GpmSample()
+        self.gpm_samples.append(sample)
+        return sample
+
+    def _nvmlGpmSampleFree(self, gpmSample: Any) -> None:  # noqa: N803
+        self._enter("nvmlGpmSampleFree")
+        if not isinstance(gpmSample, _GpmSample) or gpmSample.freed:
+            raise self.error("NVML_ERROR_INVALID_ARGUMENT")
+        gpmSample.freed = True
+
+    def _nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> _GpmSample:  # noqa: N803
+        gpu = self._reading("nvmlGpmSampleGet", device)
+        if not gpu.gpm:
+            raise self.error("NVML_ERROR_NOT_SUPPORTED")
+        if not isinstance(gpmSample, _GpmSample) or gpmSample.freed:
+            raise self.error("NVML_ERROR_INVALID_ARGUMENT")
+        with self._lock:
+            self._serial = getattr(self, "_serial", 0) + 1
+            gpmSample.serial = self._serial
+        gpmSample.gpu = device.gpu
+        gpmSample.values = {_CONSTANTS["NVML_GPM_METRIC_SM_UTIL"]: gpu.sm_activity,
+                            _CONSTANTS["NVML_GPM_METRIC_ANY_TENSOR_UTIL"]: gpu.tensor_activity}
+        return gpmSample
+
+    def _nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:  # noqa: N803
+        self._enter("nvmlGpmMetricsGet")
+        one, two = metricsGet.sample1, metricsGet.sample2
+        if (metricsGet.version != _CONSTANTS["NVML_GPM_METRICS_GET_VERSION"] or not isinstance(one, _GpmSample)
+                or not isinstance(two, _GpmSample) or one.gpu is None or one.gpu != two.gpu
+                or not one.serial < two.serial):
+            raise self.error("NVML_ERROR_INVALID_ARGUMENT")
+        gpu = self.gpus[two.gpu]
+        if "nvmlGpmMetricsGet" in gpu.failing:
+            raise self.error(gpu.failing["nvmlGpmMetricsGet"])
+        for metric in metricsGet.metrics[:metricsGet.numMetrics]:
+            if metric.metricId in two.values:
+                metric.value, metric.nvmlReturn = two.values[metric.metricId], 0
+            else:
+                metric.value, metric.nvmlReturn = 0.0, ERROR_CODES["NVML_ERROR_NOT_SUPPORTED"]
+        return metricsGet

@@ -58,11 +58,12 @@ def _stop_event(seconds: float) -> threading.Event:
 
 
 def _simulated_nvml() -> Any:
-    """Two GPUs for the GPU health gauges (a simulated NVML: no GPU or driver here), the second throttling."""
+    """Two GPUs with GPM for the GPU health gauges (a simulated NVML: no GPU or driver here), the second
+    throttling."""
     from gpuprobe.testing.simnvml import REASON_BITS, SimGpu, SimulatedNvml
 
     gpus = [SimGpu(uuid=f"GPU-{i}0000000-1111-2222-3333-444455556666", pci_bus_id=f"00000000:{i + 1:02x}:00.0",
-                   memory_used=(20 + 30 * i) * 2**30, clocks_event_reasons=REASON_BITS["SwPowerCap"] * i)
+                   memory_used=(20 + 30 * i) * 2**30, clocks_event_reasons=REASON_BITS["SwPowerCap"] * i, gpm=True)
             for i in range(2)]
     return SimulatedNvml(gpus)
 
@@ -106,6 +107,7 @@ def _gpu_series(args: argparse.Namespace, stop: threading.Event, nvml: Any) -> N
             gpu.utilization = rng.randint(60, 100)
             gpu.power_mw = rng.randint(300_000, 650_000)
             gpu.temperature_c = rng.randint(55, 80)
+            gpu.sm_activity, gpu.tensor_activity = rng.uniform(50, 95), rng.uniform(10, 60)
 
 
 def _model() -> Any:
