@@ -387,6 +387,7 @@ class GpuHealth:
         self.devices: list[Device] = []
         self.source = ""
         self._cuda_seen = False  # torch's devices decided the mapping
+        self._closing = False
         self.off: dict[tuple[int, str], str] = {}  # (gpu.index, reading) → why it is off
         self._children: dict[tuple[str, str, str | None], Any] = {}
 
@@ -402,13 +403,14 @@ class GpuHealth:
         if os.getpid() != self._pid:
             return  # a forked child never touches the parent's NVML
         with self._lock:
-            if self.state == "starting":
+            if self.state == "starting" and not self._closing:
                 self._start()
-            if self.state != "ok":
-                return
-            if not self._cuda_seen and _cuda_initialized():
-                self._map()  # once: the CUDA devices are torch's from now on
-            self._sample()
+            if self.state == "ok" and not self._closing:
+                if not self._cuda_seen and _cuda_initialized():
+                    self._map()  # once: the CUDA devices are torch's from now on
+                self._sample()
+            if self._closing:
+                self._finish()  # close() came while this round read NVML
 
     def _start(self) -> None:
         rt = self._rt
@@ -528,23 +530,36 @@ class GpuHealth:
                 pass
 
     def close(self) -> None:
-        """Shut NVML down (in the process that started it); the gauges leave the exports."""
-        with self._lock:
-            if os.getpid() == self._pid:
-                self._shutdown()
-                self._forget_series()
-            self.state, self.detail = "closed", "closed"
+        """Shut NVML down (in the process that started it); the gauges leave the exports.
+
+        Waits at most a second for a round that is reading NVML (a lost GPU can make a call hang);
+        past that, the round finishes the closing itself.
+        """
+        self._closing = True
+        if self._lock.acquire(timeout=1.0):
+            try:
+                self._finish()
+            finally:
+                self._lock.release()
+
+    def _finish(self) -> None:
+        if self.state == "closed":
+            return
+        if os.getpid() == self._pid:
+            self._shutdown()
+            self._forget_series()
+        self.state, self.detail = "closed", "closed"
 
     def status(self) -> dict[str, Any]:
-        """What ``info()["gpu_health"]`` shows of this sampler."""
-        with self._lock:
-            return {
-                "state": self.state,
-                "detail": self.detail,
-                "devices": [{"gpuprobe.device": d.cuda, "gpu.index": d.index, "uuid": d.uuid,
-                             **({"mig": d.mig} if d.mig else {})} for d in self.devices],
-                "off": [{"gpu.index": i, "reading": name, "why": why} for (i, name), why in sorted(self.off.items())],
-            }
+        """What ``info()["gpu_health"]`` shows of this sampler (never waits for a round reading NVML)."""
+        devices, off = list(self.devices), dict(self.off)  # copies made in C, atomic under the GIL
+        return {
+            "state": self.state,
+            "detail": self.detail,
+            "devices": [{"gpuprobe.device": d.cuda, "gpu.index": d.index, "uuid": d.uuid,
+                         **({"mig": d.mig} if d.mig else {})} for d in devices],
+            "off": [{"gpu.index": i, "reading": name, "why": why} for (i, name), why in sorted(off.items())],
+        }
 
     def __repr__(self) -> str:
         return f"GpuHealth({self.state}: {self.detail})"

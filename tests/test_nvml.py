@@ -452,6 +452,26 @@ def test_turning_it_off_removes_the_gauges_and_shuts_nvml_down(nvml: SimulatedNv
     assert gpuprobe.info()["gpu_health"]["on"] is False
 
 
+def test_a_hanging_nvml_call_never_holds_up_info_or_configure(nvml: SimulatedNvml) -> None:
+    _start()
+    _wait(lambda: len(_points()) > 10, "samples")
+    nvml.gpus[2].slow["nvmlDeviceGetPowerUsage"] = 3.0
+    def stuck() -> bool:  # a call is recorded as it starts: while it hangs, nothing follows it
+        n = len(nvml.calls)
+        time.sleep(0.3)
+        return len(nvml.calls) == n and nvml.calls[-1] == ("nvmlDeviceGetPowerUsage", "gpuprobe-background")
+
+    _wait(stuck, "a round stuck in NVML")
+    t0 = time.monotonic()
+    assert gpuprobe.info()["gpu_health"]["on"] is True
+    info_s = time.monotonic() - t0
+    gpuprobe.configure(nvml=False)
+    configure_s = time.monotonic() - t0
+    assert info_s < 0.5 and configure_s < 2.0, (info_s, configure_s)
+    _wait(lambda: nvml.initialized == 0, "the stuck round to shut NVML down", timeout=10)
+    assert _points() == {}
+
+
 def test_the_environment_turns_it_on() -> None:
     assert gpuprobe.config.load({"GPUPROBE_NVML": "1"}).nvml is True
     assert gpuprobe.config.load({}).nvml is False

@@ -40,6 +40,7 @@ import dataclasses
 import string
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -144,6 +145,8 @@ class SimGpu:
         tensor_activity: GPM's "any tensor" utilization in percent, likewise.
         not_supported: NVML function names that answer ``NVMLError_NotSupported`` on this GPU.
         failing: NVML function name → error code (a key of :data:`ERROR_CODES` or a number) to raise.
+        slow: NVML function name → seconds it takes on this GPU (a GPU falling off the bus can make
+            NVML calls hang).
         mig: UUIDs of MIG devices on this GPU (MIG mode is enabled when there are any).
     """
 
@@ -164,6 +167,7 @@ class SimGpu:
     mig: tuple[str, ...] = ()
     not_supported: set[str] = dataclasses.field(default_factory=set)
     failing: dict[str, Any] = dataclasses.field(default_factory=dict)
+    slow: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,6 +308,8 @@ class SimulatedNvml:
         if not isinstance(handle, _Handle) or not 0 <= handle.gpu < len(self.gpus):
             raise self.error("NVML_ERROR_INVALID_ARGUMENT")
         gpu = self.gpus[handle.gpu]
+        if function in gpu.slow:
+            time.sleep(gpu.slow[function])
         if function in gpu.failing:
             raise self.error(gpu.failing[function])
         if function in gpu.not_supported:

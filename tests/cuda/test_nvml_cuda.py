@@ -99,3 +99,21 @@ def test_utilization_rises_under_a_busy_kernel_loop() -> None:
     util = _gauges()
     busy = [v for (m, _, dev), v in util.items() if m == "gpuprobe.gpu.utilization" and dev == "cuda:0"]
     assert busy and busy[0] > 0.5, util
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability(0)[0] < 9,
+                    reason="GPM needs Hopper or later")
+def test_gpm_sm_and_tensor_activity_rise_under_bf16_matmuls() -> None:
+    reset(nvml=True, collect_interval=0.2)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        b = a @ a
+        torch.cuda.synchronize()
+    del b
+    gauges = _gauges()
+    sm = [v for (m, _, dev), v in gauges.items() if m == "gpuprobe.gpu.sm.activity" and dev == "cuda:0"]
+    tensor = [v for (m, _, dev), v in gauges.items() if m == "gpuprobe.gpu.tensor.activity" and dev == "cuda:0"]
+    assert sm and sm[0] > 0.3, gauges
+    assert tensor and tensor[0] > 0.05, gauges
+    assert not [o for o in gpuprobe.info()["gpu_health"]["off"] if o["reading"] == "gpm"]
