@@ -314,20 +314,20 @@ def _gpu_health_row(q: Queries) -> Row:
 
 
 def overview(inline: bool = False) -> Dashboard:
-    """The generation overview: latency, throughput, steps, memory, GPU health, kernels and telemetry health.
+    """The generation overview: latency, throughput, steps, memory, kernels, telemetry health and GPU health.
 
     Args:
         inline: compute quantiles in the queries instead of reading the recording rules.
 
     Example:
         >>> [row.title for row in overview().rows]
-        ['Requests', 'Serving (continuous batching)', 'Generation steps', 'Memory', 'GPU health', 'Kernels, probes and telemetry']
+        ['Requests', 'Serving (continuous batching)', 'Generation steps', 'Memory', 'Kernels, probes and telemetry', 'GPU health']
     """
     q = Queries(inline)
     return Dashboard(
         "gpuprobe-overview", "gpuprobe · generation overview",
         "Live metrics of generate() calls measured by gpuprobe: latency, throughput, step breakdown, memory.",
-        (_requests_row(q), _serving_row(q), _steps_row(q), _memory_row(q), _gpu_health_row(q), _kernels_row(q)),
+        (_requests_row(q), _serving_row(q), _steps_row(q), _memory_row(q), _kernels_row(q), _gpu_health_row(q)),
     )
 
 
