@@ -91,14 +91,15 @@ def configure(*, meter_provider: Any = None, **settings: Any) -> Config:
 def info() -> dict[str, Any]:
     """Which backends are active: timing, NVTX, memory, exporters; the switches; under
     ``utilization``, for each instrumented model and device whether its MBU and MFU are exported, and why;
-    under ``profile``, the on-demand capture triggers and the last captures.
+    under ``profile``, the on-demand capture triggers and the last captures; under ``gpu_health``, whether
+    the NVML gauges are on, for which devices, and which readings are off and why.
 
     Example:
         >>> import gpuprobe
         >>> sorted(gpuprobe.info())[:3]
         ['device', 'disabled_by_env', 'enabled']
     """
-    from . import _on_demand, _seams, _utilization, profiling
+    from . import _nvml, _on_demand, _seams, _utilization, profiling
     from .runtime import DISABLED_AT_IMPORT, runtime
 
     rt = runtime()
@@ -123,6 +124,8 @@ def info() -> dict[str, Any]:
         "kernel_sampling": profiling.kernel_sampling_status(rt),
         # Seams into other libraries (docs/architecture.md): each one on, off after its own failure, or refused.
         "seams": _seams.status(),
+        # GPU health gauges from NVML (docs/gpu.md): on or not, the devices, readings turned off and why.
+        "gpu_health": _nvml.status(rt),
     }
 
 

@@ -1,5 +1,5 @@
 """What the settings start, in one place above the core: snapshot triggers, a profile window, on-demand
-capture triggers (a signal, slow steps), kernel sampling, JSONL / OTLP / Prometheus exporters.
+capture triggers (a signal, slow steps), kernel sampling, GPU health gauges (NVML), JSONL / OTLP / Prometheus exporters.
 
 :func:`start_from_settings` is registered with the runtime when ``gpuprobe`` is imported and runs
 whenever settings are applied (first use, ``configure()``, ``gpuprobe.testing.reset()``). Each
@@ -49,6 +49,10 @@ def start_from_settings(rt: Runtime) -> None:
         from .profiling import KernelSampler
 
         KernelSampler(cfg.kernel_sampling).attach(rt, owner="settings")
+    if cfg.nvml:
+        from . import _nvml
+
+        _nvml.start_from_settings(rt)  # GPU health gauges, read on the background thread
     if cfg.jsonl:
         from .exporters.jsonl import JsonlExporter
 

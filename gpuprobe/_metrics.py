@@ -123,10 +123,26 @@ SPECS: dict[str, MetricSpec] = dict(
               "Serving: tokens scheduled per continuous-batching step, by phase", BATCH_TOKEN_BUCKETS),
         _spec("gpuprobe.batch.requests", "histogram", "{request}",
               "Serving: requests scheduled per continuous-batching step", BATCH_BUCKETS),
+        # GPU health from NVML (setting `nvml`), per GPU: gpu.index and gpuprobe.device on each series.
+        _spec("gpuprobe.gpu.utilization", "gauge", "1",
+              "GPU health (NVML): fraction of the last sample period in which a kernel ran on the GPU"),
+        _spec("gpuprobe.gpu.memory.used", "gauge", "By", "GPU health (NVML): device memory in use, by every process"),
+        _spec("gpuprobe.gpu.memory.total", "gauge", "By", "GPU health (NVML): device memory in all"),
+        _spec("gpuprobe.gpu.clock.sm", "gauge", "Hz", "GPU health (NVML): SM clock"),
+        _spec("gpuprobe.gpu.power", "gauge", "W", "GPU health (NVML): power draw"),
+        _spec("gpuprobe.gpu.power.limit", "gauge", "W", "GPU health (NVML): enforced power limit"),
+        _spec("gpuprobe.gpu.temperature", "gauge", "Cel", "GPU health (NVML): GPU temperature"),
+        _spec("gpuprobe.gpu.throttle", "gauge", "1",
+              "GPU health (NVML): 1 while the clocks are held down for this reason, else 0"),
+        _spec("gpuprobe.gpu.sm.activity", "gauge", "1",
+              "GPU health (NVML GPM, Hopper and later): fraction of SMs busy over the last sample period"),
+        _spec("gpuprobe.gpu.tensor.activity", "gauge", "1",
+              "GPU health (NVML GPM, Hopper and later): tensor-core activity over the last sample period"),
     ]
 )
 
-_UNIT_SUFFIX = {"s": "seconds", "By": "bytes", "ms": "milliseconds", "1": "ratio"}
+_UNIT_SUFFIX = {"s": "seconds", "By": "bytes", "ms": "milliseconds", "1": "ratio", "Hz": "hertz", "W": "watts",
+                "Cel": "celsius"}
 
 
 def prometheus_name(spec: MetricSpec) -> str:
@@ -259,6 +275,10 @@ class GaugeChild(CounterChild):
     """A gauge: the last value set wins."""
 
     __slots__ = ()
+
+    def forget(self) -> None:
+        """Leave the exports until a value is set again (a reading that stopped; under the runtime's lock)."""
+        self.touched = False
 
     def apply(self, value: Any) -> None:
         self.value = value

@@ -341,6 +341,11 @@ class Config:
         "peak FLOP/s (suffixes k M G T P) for `gpuprobe.step.flops.utilization`, on every device and for every "
         "dtype; none: the GPU's dense figure for the model's dtype from the table in docs/utilization.md",
         optional=True)
+    nvml: bool = _setting(
+        "GPUPROBE_NVML", _bool, False,
+        "GPU health gauges from NVML (utilization, memory, SM clock, power, temperature, throttling; SM and "
+        "tensor-core activity on GPUs with GPM) for every GPU the process can see, read on the background thread "
+        "every `collect_interval`; needs `gpuprobe[nvml]` (docs/gpu.md)")
 
 
 def _settings() -> dict[str, Setting]:

@@ -110,7 +110,7 @@ def test_the_live_sdk_never_imports_the_report() -> None:
 
 
 @pytest.mark.parametrize("extra", ["prometheus_client", "opentelemetry", "nvtx", "transformers", "torch", "numpy",
-                                   "ijson", "yaml", "promql_parser", "matplotlib"])
+                                   "ijson", "yaml", "promql_parser", "matplotlib", "pynvml"])
 def test_importing_gpuprobe_imports_no_optional_dependency(extra: str) -> None:
     proc = run_python(f"import sys, gpuprobe; print({extra!r} in sys.modules)")
     assert proc.returncode == 0, proc.stderr

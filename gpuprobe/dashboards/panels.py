@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from .._metrics import SPECS, prometheus_name
 from .model import GPU_ONLY, Dashboard, Panel, Row, Target
 from .rules import RULES_FILE, STATS, WINDOW, Latency, latency, recorded_name, stat_expr
-from .series import ERROR_TYPE, LAYER_TYPE, RANK, TOKEN_TYPE, braces, model_label, series
+from .series import ERROR_TYPE, LAYER_TYPE, RANK, TOKEN_TYPE, braces, label, model_label, series
 
 __all__ = ["Queries", "overview", "ranks", "dashboards"]
 
@@ -268,21 +268,66 @@ def _kernels_row(q: Queries) -> Row:
     ))
 
 
+def _gpu_health_row(q: Queries) -> Row:
+    """The GPU's own health from NVML (setting ``nvml``): what dcgm-exporter would show, beside the steps."""
+    gpu, dev = label("gpu.index"), label("gpuprobe.device")
+    keep = f"instance, {gpu}, {dev}"
+    who = f"GPU {{{{{gpu}}}}} ({{{{{dev}}}}})"
+    src = (" Read from NVML on gpuprobe's background thread every collect_interval when GPUPROBE_NVML=1 "
+           "(gpuprobe[nvml]); one line per GPU the process sees, by NVML index (as nvidia-smi numbers them) "
+           "and the process's CUDA device.")
+
+    def gauge(metric: str, how: str = "max") -> str:
+        return f"{how} by ({keep}) ({q.sel(metric)})"
+
+    used, total = "gpuprobe.gpu.memory.used", "gpuprobe.gpu.memory.total"
+    throttle = f"max by ({keep}, reason) (avg_over_time({q.sel('gpuprobe.gpu.throttle')}[$__rate_interval]))"
+    return Row("GPU health", (
+        Panel("GPU utilization", f"{GPU_ONLY} Fraction of time a kernel ran on the GPU (NVML; dcgm-exporter's "
+              "DCGM_FI_DEV_GPU_UTIL ÷ 100). A GPU busy with any kernel counts as fully used: compare with the "
+              f"step times and MFU above.{src}",
+              (Target(gauge("gpuprobe.gpu.utilization"), who),), "percentunit", gpu_only=True),
+        Panel("GPU memory used", f"{GPU_ONLY} Device memory in use by every process on the GPU, and the GPU's "
+              f"total (NVML; DCGM_FI_DEV_FB_USED). The CUDA allocator's own view is in the Memory row.{src}",
+              (Target(gauge(used), f"used {who}"), Target(gauge(total), f"total {who}")), "bytes", gpu_only=True),
+        Panel("SM clock", f"{GPU_ONLY} Streaming-multiprocessor clock (NVML; DCGM_FI_DEV_SM_CLOCK). A clock below "
+              f"its usual value under load means throttling: see the throttle reasons.{src}",
+              (Target(gauge("gpuprobe.gpu.clock.sm"), who),), "hertz", gpu_only=True),
+        Panel("Power draw and limit", f"{GPU_ONLY} Power draw and the enforced power limit (NVML; "
+              f"DCGM_FI_DEV_POWER_USAGE, DCGM_FI_DEV_ENFORCED_POWER_LIMIT).{src}",
+              (Target(gauge("gpuprobe.gpu.power"), f"draw {who}"),
+               Target(gauge("gpuprobe.gpu.power.limit"), f"limit {who}")), "watt", gpu_only=True),
+        Panel("GPU temperature", f"{GPU_ONLY} GPU core temperature (NVML; DCGM_FI_DEV_GPU_TEMP).{src}",
+              (Target(gauge("gpuprobe.gpu.temperature"), who),), "celsius", gpu_only=True),
+        Panel("SM and tensor-core activity", f"{GPU_ONLY} Fraction of the SMs busy, and tensor-core activity, over "
+              "each sample period (NVML's GPU performance monitoring, Hopper and later; DCGM_FI_PROF_SM_ACTIVE, "
+              "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE). Unlike utilization, these fall when kernels leave SMs or "
+              f"tensor cores idle.{src}",
+              (Target(gauge("gpuprobe.gpu.sm.activity"), f"SMs {who}"),
+               Target(gauge("gpuprobe.gpu.tensor.activity"), f"tensor cores {who}")), "percentunit", gpu_only=True),
+        Panel("Clock throttle reasons", f"{GPU_ONLY} Share of the time each reason held the clocks down "
+              "(NVML's clocks-event reasons; DCGM_FI_DEV_CLOCKS_EVENT_REASONS): gpu_idle is normal between "
+              "steps; sw_power_cap, hw_slowdown, sw_thermal, hw_thermal and hw_power_brake during steps cost "
+              f"speed.{src}",
+              (Target(throttle, f"{{{{reason}}}} {who}"),), "percentunit", gpu_only=True),
+    ))
+
+
 def overview(inline: bool = False) -> Dashboard:
-    """The generation overview: latency, throughput, steps, memory, kernels and telemetry health.
+    """The generation overview: latency, throughput, steps, memory, kernels, telemetry health and GPU health.
 
     Args:
         inline: compute quantiles in the queries instead of reading the recording rules.
 
     Example:
         >>> [row.title for row in overview().rows]
-        ['Requests', 'Serving (continuous batching)', 'Generation steps', 'Memory', 'Kernels, probes and telemetry']
+        ['Requests', 'Serving (continuous batching)', 'Generation steps', 'Memory', 'Kernels, probes and telemetry', 'GPU health']
     """
     q = Queries(inline)
     return Dashboard(
         "gpuprobe-overview", "gpuprobe · generation overview",
         "Live metrics of generate() calls measured by gpuprobe: latency, throughput, step breakdown, memory.",
-        (_requests_row(q), _serving_row(q), _steps_row(q), _memory_row(q), _kernels_row(q)),
+        (_requests_row(q), _serving_row(q), _steps_row(q), _memory_row(q), _kernels_row(q), _gpu_health_row(q)),
     )
 
 

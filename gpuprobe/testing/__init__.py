@@ -4,7 +4,9 @@
 - :func:`reset` — zero every metric and stop exporters between tests;
 - :mod:`gpuprobe.testing.nvtx_capture` — record NVTX ranges for real through an injection library;
 - :mod:`gpuprobe.testing.simcuda` — a simulated CUDA (devices, streams, asynchronous events, graph
-  capture, memory) for testing GPU code paths on a machine without a GPU.
+  capture, memory) for testing GPU code paths on a machine without a GPU;
+- :mod:`gpuprobe.testing.simnvml` — a simulated NVML (a stand-in for nvidia-ml-py's ``pynvml``: GPUs with
+  UUIDs, PCI bus ids, readings, "not supported" and failing calls) for the GPU health gauges.
 """
 
 from __future__ import annotations

@@ -215,7 +215,8 @@ def test_gpu_only_flags_are_written_into_the_json() -> None:
         assert flags == {p.title: p.gpu_only for p in model.panels}
     gpu = [p.title for d in dash.dashboards() for p in d.panels if p.gpu_only]
     assert gpu == ["Step time by phase (device clock)", "Memory reserved (CUDA caching allocator)",
-                   "Decode step time p95 by rank (device clock)"]
+                   "GPU utilization", "GPU memory used", "SM clock", "Power draw and limit", "GPU temperature",
+                   "SM and tensor-core activity", "Clock throttle reasons", "Decode step time p95 by rank (device clock)"]
 
 
 def test_quantile_panels_read_the_recording_rules() -> None:

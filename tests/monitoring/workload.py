@@ -16,8 +16,9 @@ Modes:
   call, /metrics on ``--port`` + ``LOCAL_RANK`` (gpuprobe's own rule).
 - ``--gpu-fixture``: no model; pushes synthetic values through gpuprobe's real runtime for the series
   only a GPU produces (device-clock step times, time to first token and inter-token latency, the
-  caching allocator's reserved memory), labelled as a GPU run would label them. The GPU-only panels
-  are checked against this process.
+  caching allocator's reserved memory), labelled as a GPU run would label them, and reads the GPU
+  health gauges with the real NVML sampler from a simulated NVML of two GPUs
+  (gpuprobe.testing.simnvml). The GPU-only panels are checked against this process.
 
 Stops on SIGTERM/SIGINT or after ``--seconds``. Prints one line ``serving <url>`` once /metrics is up.
 """
@@ -56,7 +57,28 @@ def _stop_event(seconds: float) -> threading.Event:
     return stop
 
 
+def _simulated_nvml() -> Any:
+    """Two GPUs with GPM for the GPU health gauges (a simulated NVML: no GPU or driver here), the second
+    throttling."""
+    from gpuprobe.testing.simnvml import REASON_BITS, SimGpu, SimulatedNvml
+
+    gpus = [SimGpu(uuid=f"GPU-{i}0000000-1111-2222-3333-444455556666", pci_bus_id=f"00000000:{i + 1:02x}:00.0",
+                   memory_used=(20 + 30 * i) * 2**30, clocks_event_reasons=REASON_BITS["SwPowerCap"] * i, gpm=True)
+            for i in range(2)]
+    return SimulatedNvml(gpus)
+
+
 def _gpu_fixture(args: argparse.Namespace, stop: threading.Event) -> None:
+    # The simulated GPUs are this process's (the monitoring tests hide real ones: CUDA_VISIBLE_DEVICES="").
+    # Nothing here imports torch, so only the NVML sampler reads the variable.
+    os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
+    with _simulated_nvml().install() as nvml:
+        # The GPU health gauges as GPUPROBE_NVML=1 reads them: the real sampler on the background thread.
+        gpuprobe.configure(nvml=True, collect_interval=0.25)
+        _gpu_series(args, stop, nvml)
+
+
+def _gpu_series(args: argparse.Namespace, stop: threading.Event, nvml: Any) -> None:
     rt = runtime()
     rt.registry.const_labels["gpuprobe.device"] = "cuda:0"  # as a process on a GPU labels its series
     server = gpuprobe.serve(args.port)
@@ -81,6 +103,11 @@ def _gpu_fixture(args: argparse.Namespace, stop: threading.Event) -> None:
         allocated = 6.0e9 + rng.uniform(0, 5e8)
         rt.emit(mem["allocated"], allocated)
         rt.emit(mem["reserved"], allocated + 1.5e9)
+        for gpu in nvml.gpus:  # what NVML will answer at the next sample
+            gpu.utilization = rng.randint(60, 100)
+            gpu.power_mw = rng.randint(300_000, 650_000)
+            gpu.temperature_c = rng.randint(55, 80)
+            gpu.sm_activity, gpu.tensor_activity = rng.uniform(50, 95), rng.uniform(10, 60)
 
 
 def _model() -> Any:
