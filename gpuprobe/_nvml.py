@@ -588,7 +588,8 @@ def status(rt: Runtime) -> dict[str, Any]:
 
 
 def describe() -> dict[str, str]:
-    """Whether NVML answers here: ``{"state": "ok" | "off" | "fail", "detail": ...}`` (``gpuprobe doctor``).
+    """Whether NVML answers here: ``{"state": "ok" | "off" | "fail", "detail": why}`` (``gpuprobe doctor``
+    prints the state beside the detail).
 
     Initializes NVML on the calling thread and shuts it down again.
 
@@ -599,20 +600,20 @@ def describe() -> dict[str, str]:
     try:
         nv = load()
     except ImportError:
-        return {"state": "off", "detail": f"off: nvidia-ml-py not installed ({_INSTALL})"}
+        return {"state": "off", "detail": f"nvidia-ml-py not installed ({_INSTALL})"}
     try:
         nv.nvmlInit()
     except Exception as exc:
-        return {"state": "fail", "detail": f"fail: {type(exc).__name__}: {exc}"}
+        return {"state": "fail", "detail": f"{type(exc).__name__}: {exc}"}
     try:
         count = nv.nvmlDeviceGetCount()
         driver = _text(nv.nvmlSystemGetDriverVersion())
         version = _text(nv.nvmlSystemGetNVMLVersion())
     except Exception as exc:
-        return {"state": "fail", "detail": f"fail: {type(exc).__name__}: {exc}"}
+        return {"state": "fail", "detail": f"{type(exc).__name__}: {exc}"}
     finally:
         try:
             nv.nvmlShutdown()
         except Exception:
             pass
-    return {"state": "ok", "detail": f"ok: {count} device{'s' if count != 1 else ''}, driver {driver}, NVML {version}"}
+    return {"state": "ok", "detail": f"{count} device{'s' if count != 1 else ''}, driver {driver}, NVML {version}"}

@@ -330,14 +330,10 @@ def _kernel_sampling(ctx: _Context) -> Line:
 
 
 def _nvml(ctx: _Context) -> Line:
-    # `nvml` (GPUPROBE_NVML) comes with gpuprobe's NVML support; a gpuprobe without that support has no
-    # such setting, which reads as not asked for.
-    wanted = bool(getattr(ctx.settings, "nvml", False))
-    try:
-        nvml = importlib.import_module("gpuprobe._nvml")
-    except ImportError:
-        return Line("nvml", "off", "this gpuprobe has no NVML support", {"asked": wanted})
-    found = nvml.describe()
+    from . import _nvml
+
+    wanted = ctx.settings.nvml
+    found = _nvml.describe()
     state, detail = str(found["state"]), str(found["detail"])
     details = {"asked": wanted, "describe": {"state": state, "detail": detail}}
     if state not in STATES:
