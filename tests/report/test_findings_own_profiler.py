@@ -24,35 +24,44 @@ transformers = pytest.importorskip("transformers")
 PROMPT, NEW = 5, 9
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    """The program's own trace of one generate(), and the steps it ran (counted from its output)."""
-    from torch.profiler import ProfilerActivity, profile
-
+def _own_trace(path: Path, processor: Any, profile: Any, **profile_kwargs: Any) -> int:
+    """An instrumented tiny Llama generates inside ``profile(**profile_kwargs)``, the program's own
+    profiler, which exports the trace to ``path``; returns the steps it ran, counted from its output."""
     from gpuprobe.integrations.transformers import instrument, uninstrument
-    from gpuprobe.testing import reset
 
-    reset()
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=4, vocab_size=128)
-    model = transformers.LlamaForCausalLM(config).eval()
-    instrument(model)
+    model = instrument(transformers.LlamaForCausalLM(config).eval())
     ids = torch.arange(3, PROMPT + 3).unsqueeze(0)
-    path = tmp_path_factory.mktemp("own") / "mine.json"
     try:
-        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch.no_grad(), profile(**profile_kwargs) as prof:
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
                                  do_sample=False, pad_token_id=0,
-                                 logits_processor=transformers.LogitsProcessorList([ItemProcessor()]))
+                                 logits_processor=transformers.LogitsProcessorList([processor]))
         prof.export_chrome_trace(str(path))
     finally:
         uninstrument(model)
-        reset()
     # One forward per new token: the prefill selects the first, each decode step one more.
     new_tokens = out.shape[1] - ids.shape[1]
     assert new_tokens == NEW
-    return path, 1 + (new_tokens - 1)
+    return 1 + (new_tokens - 1)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """The program's own CPU trace of one generate(), and the steps it ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpuprobe.testing import reset
+
+    reset()
+    path = tmp_path_factory.mktemp("own") / "mine.json"
+    try:
+        steps = _own_trace(path, ItemProcessor(), profile, activities=[ProfilerActivity.CPU])
+    finally:
+        reset()
+    return path, steps
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
@@ -97,3 +106,36 @@ def test_the_cli_reads_your_own_trace(recorded: tuple[Path, int], capsys: pytest
     assert main_report([str(path), "--format", "json", "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["steps"]["count"] == steps
+
+
+def test_on_the_simulated_gpu_the_processors_syncs_are_put_on_its_class(simcuda: Any, tmp_path: Path) -> None:
+    """The sync shows on a (simulated) GPU: the processor launches work and reads a scalar back, as
+    ``.item()`` of a CUDA tensor does (a copy to the host, waited for). The model runs on the CPU; the
+    program's own profiler has CPU and CUDA activity, with CUDA synchronization records."""
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.profiler import ProfilerActivity
+
+    sim = simcuda(1)
+    torch.cuda.current_device()
+
+    class DeviceItemProcessor(transformers.LogitsProcessor):
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            sim.launch(20_000, "reduce_max")
+            sim.memcpy_and_sync(ns=2_000)
+            return scores
+
+    path = tmp_path / "mine.json"
+    # the simulation's torch.profiler.profile, looked up once it is installed
+    steps = _own_trace(path, DeviceItemProcessor(), torch.profiler.profile,
+                       activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                       experimental_config=_ExperimentalConfig(enable_cuda_sync_events=True))
+    ev = _events(path)
+    ranges = [e for e in ev if e["cat"] == "user_annotation" and e["name"] == "DeviceItemProcessor"]
+    waits = [e for e in ev if e["name"] == "cudaStreamSynchronize" and any(_inside(e, r) for r in ranges)]
+    assert len(ranges) == steps and len(waits) == steps
+    report = analyze(path)
+    assert report.steps is not None and report.steps.count == steps
+    f = {f.id: f for f in report.findings}["host_sync"]
+    # the simulation's wait is called from Python, not from inside an ATen operator: the row has none
+    (row,) = [r for r in f.evidence["top_offenders"] if r["range"] == "DeviceItemProcessor"]
+    assert row["calls"] == len(waits) and row["per_step"] == 1
