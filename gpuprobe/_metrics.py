@@ -74,7 +74,8 @@ SPECS: dict[str, MetricSpec] = dict(
               "Per successful request of two tokens or more: (duration − TTFT) ÷ (output tokens − 1)",
               STEP_BUCKETS, NS),
         _spec("gpuprobe.inter_token.duration", "histogram", "s",
-              "Inter-token latency: time between two consecutive output tokens, one sample per decode step",
+              "Inter-token latency: time between two consecutive output tokens of a request, one sample per "
+              "output token after its first (generate(): per decode step, the same for every sequence of the batch)",
               STEP_BUCKETS, NS),
         _spec("gen_ai.server.request.duration", "histogram", "s",
               "Duration of a whole generate() call", REQUEST_BUCKETS, NS),

@@ -38,7 +38,9 @@ class StepClock:
         self.hooks: tuple[StepHook, ...] = ()  # read-only outside: use add_hook / remove_hook
         self._done_hooks: tuple[Callable[[], None], ...] = ()
         self._on_hook_error = on_hook_error
-        self._traced = threading.local()  # .index: the step a trace records ranges of, on this thread
+        # .index: the step a trace records ranges of, on this thread; .sampled: the step the kernel
+        # sampler's own profiler session records on this thread
+        self._traced = threading.local()
 
     @property
     def index(self) -> int:
@@ -68,6 +70,15 @@ class StepClock:
     def traced(self, index: int) -> bool:
         """Whether a hook marked step ``index`` as traced on the calling thread (see :meth:`mark_traced`)."""
         return getattr(self._traced, "index", -1) == index
+
+    def mark_sampled(self, index: int) -> None:
+        """A hook says that the kernel sampler's own profiler session records step ``index`` on the
+        calling thread: a session whose trace nobody reads, so the step needs no ranges in it."""
+        self._traced.sampled = index
+
+    def sampled(self, index: int) -> bool:
+        """Whether the kernel sampler marked step ``index`` on the calling thread (see :meth:`mark_sampled`)."""
+        return getattr(self._traced, "sampled", -1) == index
 
     def add_hook(self, hook: StepHook, *, first: bool = False) -> None:
         """Run ``hook(index)`` at every step start (``first``: before the hooks already there)."""

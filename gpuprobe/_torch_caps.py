@@ -56,6 +56,10 @@ class ProfilerCaps:
             (``torch._C._autograd._profiler_enabled``, else ``torch.autograd.profiler._is_profiler_enabled``);
             None if torch has neither.
         legacy_cpu: the autograd profiler's CPU state, or None where torch no longer has it.
+        profiler_in_process: whether a ``torch.profiler`` / ``torch.autograd.profiler`` session runs on
+            any thread of the process (``torch.autograd.profiler._is_profiler_enabled``, set while one
+            records; the CPU state the kernel sampler starts directly does not set it); None if torch
+            has no such flag.
     """
 
     torch_version: str
@@ -65,6 +69,7 @@ class ProfilerCaps:
     times_ns: bool
     profiler_enabled: Callable[[], bool] | None
     legacy_cpu: LegacyCpuProfiler | None
+    profiler_in_process: Callable[[], bool] | None = None
 
     def device_work_reader(self, cuda_device_type: Any) -> Callable[[Iterable[Any]], list[tuple[str, int]]]:
         """``events -> [(name, duration_ns)]`` of the device work among kineto events.
@@ -152,9 +157,10 @@ def _lookup(torch: Any, autograd: Any, event_cls: Any) -> ProfilerCaps:
                                     "synchronization records (this torch's _KinetoEvent has no activity_type())")
     enabled: Callable[[], bool] | None = getattr(autograd, "_profiler_enabled", None)
     module = getattr(getattr(torch, "autograd", None), "profiler", None)
-    if enabled is None and module is not None and hasattr(module, "_is_profiler_enabled"):
-        enabled = _flag_reader(module)
-    return ProfilerCaps(version, methods, work, why, times_ns, enabled, _legacy_cpu(torch, autograd))
+    in_process = _flag_reader(module) if module is not None and hasattr(module, "_is_profiler_enabled") else None
+    if enabled is None:
+        enabled = in_process
+    return ProfilerCaps(version, methods, work, why, times_ns, enabled, _legacy_cpu(torch, autograd), in_process)
 
 
 def _flag_reader(module: Any) -> Callable[[], bool]:

@@ -128,6 +128,12 @@ class ProfileWindow:
             if self.nsys and not cuda:
                 raise GpuprobeError("nsys=True brackets steps with cudaProfilerStart/Stop and needs CUDA")
             if self.output is not None:
+                if _profiler_running(torch):
+                    # kineto holds one session per process: a second one inside it ends the first one's
+                    # recording and the program's own export of it then crashes (torch 2.13, CPU).
+                    raise GpuprobeError("a torch.profiler session already records in this process (your own?); "
+                                        "kineto holds one at a time, so gpuprobe's step and component ranges go "
+                                        "into that session's trace instead")
                 activities = [torch.profiler.ProfilerActivity.CPU]
                 if cuda:
                     activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -386,6 +392,9 @@ class KernelSampler:
                 rt.warn_once("kernel_sampling", f"gpuprobe: kernel sampling failed to start: {exc!r}")
                 return
             self._owner = me
+            # The transformers integration records its step and component ranges into any profiler
+            # session that runs; this one's events are read for kernels only, so it is told apart.
+            rt.steps.mark_sampled(index)
 
     def _finish(self) -> None:
         self._owner = None
@@ -465,6 +474,13 @@ def kernel_sampling_status(rt: Runtime | None = None) -> str:
         if isinstance(sampler, KernelSampler):
             return sampler.status()
     return "off"
+
+
+def _profiler_running(torch: Any) -> bool:
+    """Whether a torch.profiler session records: on any thread, or (the autograd profiler's CPU state)
+    on this one."""
+    caps = profiler_caps(torch)
+    return any(check is not None and check() for check in (caps.profiler_in_process, caps.profiler_enabled))
 
 
 def _window_owns(rt: Runtime, index: int) -> bool:

@@ -81,8 +81,9 @@ def _requests_row(q: Queries) -> Row:
             "(continuous batching adds the host-measured queue wait before its first step)", ttft),
               q.latency_targets(ttft, legend="{{clock}} "), "s"),
         Panel("Inter-token latency", _latency_description(
-            "Time between two consecutive output tokens, one sample per decode step, by clock (host: as "
-            "the host receives them; device, GPUs only: the step's device span)", itl),
+            "Time between two consecutive output tokens of a request, one sample per output token after its "
+            "first, by clock (host: as the host receives them; device, GPUs only: the device span of the step "
+            "that selected it)", itl),
               q.latency_targets(itl, legend="{{clock}} "), "s"),
         Panel("Time per output token", _latency_description(
             "Per successful request of two tokens or more: (duration − time to first token) ÷ (output "

@@ -41,10 +41,11 @@ CPU takes no device time. Every hook steps aside while Dynamo traces (``torch.co
 forward with ``fullgraph=True`` sees no graph break) and inside a CUDA graph capture no device time
 is taken (see ``docs/gpu.md``).
 
-A step that a profile window records, or that the sync audit counts, is *marked* (``ctx.marks``, see
-:mod:`._hf_marks`): its components become ranges in the window's trace and/or set the attribution of
-the sync audit. Decided once when the step opens; on other steps each component call tests
-``ctx.marks is None`` and nothing else.
+A step that a profile window or the program's own torch.profiler records, or that the sync audit
+counts, is *marked* (``ctx.marks``, see :mod:`._hf_marks`): its components become ranges in the
+trace (with a step range of its own outside a window) and/or set the attribution of the sync audit.
+Decided once when the step opens; on other steps each component call tests ``ctx.marks is None``
+and nothing else.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from typing import Any
 
 from .. import _seams, is_enabled, memory
 from .._placement import tensor_device
+from .._torch_caps import profiler_caps
 from ._hf_continuous import ServingState
 from ._hf_marks import STREAMER, StepMarker, StepMarks
 from ._hf_spans import DecodeSpan
@@ -99,10 +101,18 @@ _compiling: Callable[[], bool] = _not_compiling
 
 
 def _bind_compiling() -> None:
-    global _compiling
-    compiler = getattr(sys.modules.get("torch"), "compiler", None)
+    global _compiling, _profiling
+    torch = sys.modules.get("torch")
+    compiler = getattr(torch, "compiler", None)
     if compiler is not None:
         _compiling = getattr(compiler, "is_dynamo_compiling", compiler.is_compiling)
+    if torch is not None:
+        _profiling = profiler_caps(torch).profiler_enabled or _not_compiling
+
+
+# Whether a torch.profiler session records on the calling thread (bound with _compiling, from
+# gpuprobe._torch_caps): a program's own profiler gets the step and component ranges (see _hf_marks).
+_profiling: Callable[[], bool] = _not_compiling
 
 
 class _Call:
@@ -450,10 +460,16 @@ class ModelState:
         if steps.hooks:
             index = steps.advance()
             traced = steps.traced(index)  # a profile window records this step: mark its components
+            # Another profiler records it (the program's own; not the kernel sampler's): the step's own range.
+            own = not traced and _profiling() and not steps.sampled(index)
             t = perf_counter_ns()
         else:
             index = steps.advance()
             traced = False
+            # Why asked on every step: a profiler may start or stop between steps (a schedule's
+            # prof.step() in a streamer); torch._C._autograd._profiler_enabled costs 43 ns with no
+            # profiler running (one C call, no Python frame; test CPU), against ~22 us the seams add.
+            own = _profiling()
         ctx.step += 1
         ctx.step_open = True
         ctx.step_t0 = t
@@ -477,8 +493,8 @@ class ModelState:
         every = ctx.audit
         audited = (every != 0 and index % every == 0 and not ctx.compiled and not rt.capture.underway
                    and not _compiling())
-        if traced or audited:
-            ctx.marks = self.marker.open(traced, audited)
+        if traced or audited or own:
+            ctx.marks = self.marker.open(traced, audited, index if own else None)
 
     def start_forward(self, ctx: _Call) -> None:
         ctx.in_fwd = True

@@ -1,4 +1,4 @@
-"""Marks on the steps that ask for them: component ranges for a profile window, and the sync audit.
+"""Marks on the steps that ask for them: step and component ranges for a trace, and the sync audit.
 
 Most steps are neither traced nor audited; for them the seams test one attribute (``ctx.marks is
 None``) per component call. A step is *marked* when, at its start,
@@ -8,6 +8,11 @@ None``) per component call. A step is *marked* when, at its start,
   inside the window's ``gpuprobe.step#N`` range, so the kineto trace attributes CPU operators, kernels
   and syncs to it. Range names: ``forward``, the logits processor's class name (the ``processor``
   label and NVTX message), ``stopping_criteria/<criterion class>``, ``streamer``;
+- or any other torch.profiler session records on the advancing thread (the program's own
+  ``torch.profiler.profile()``): the step gets the same component ranges inside a
+  ``gpuprobe.step#N`` range of its own (a window's step already has one: never two), so
+  ``gpuprobe report`` of that trace finds the same steps and components. The kernel sampler's short
+  sessions are not among them (:meth:`gpuprobe._steps.StepClock.sampled`): nobody reads their ranges;
 - and/or it is audited (``sync_audit=N``: step indexes divisible by N, not while Dynamo compiles the
   forward nor while a CUDA graph capture is underway): a :mod:`gpuprobe._sync_audit` audit is
   entered from the step's start to its end, and each component sets the audit's attribution
@@ -55,12 +60,13 @@ def _end_range(handle: Any) -> None:
 class StepMarks:
     """What one marked step does: ranges (when traced) and the audit's attribution (when audited)."""
 
-    __slots__ = ("ranges", "audit", "fwd")
+    __slots__ = ("ranges", "audit", "fwd", "step")
 
     def __init__(self, ranges: bool, audit: Any) -> None:
         self.ranges = ranges
         self.audit = audit  # the entered sync audit, or None
         self.fwd: Any = None  # the forward's mark while it runs (it spans two seams)
+        self.step: Any = None  # the step's own range (a profiler that is not a window's), until it closes
 
     def begin(self, where: _sync_audit.Where, name: str) -> tuple[Any, Any]:
         """Enter the component ``where`` (range ``name``); pass the result to :meth:`end`."""
@@ -127,14 +133,24 @@ class StepMarker:
         self._syncs: dict[tuple[_sync_audit.Where, str], Any] = {}
         self._audited = rt.family("gpuprobe.step.audited").child(model=model_name).apply
 
-    def open(self, traced: bool, audited: bool) -> StepMarks | None:
-        """The marks of a step that starts now (None when neither could be set up)."""
+    def open(self, traced: bool, audited: bool, step: int | None = None) -> StepMarks | None:
+        """The marks of a step that starts now (None when neither could be set up).
+
+        Args:
+            traced: a profile window records the step (its ``gpuprobe.step#N`` range is open).
+            audited: the sync audit counts the step.
+            step: the step's index when a profiler other than a window's records it: the step's own
+                ``gpuprobe.step#<step>`` range opens here and :meth:`close` ends it.
+        """
+        if step is not None:
+            traced = True
         if traced and _enter is None:
             try:
                 _bind_ranges()
             except Exception as exc:
                 self.rt.warn_once("ranges", f"gpuprobe: component ranges are not available: {exc!r}")
                 traced = False
+                step = None
         audit = None
         if audited:
             try:
@@ -145,10 +161,16 @@ class StepMarker:
                 audit = None
         if not traced and audit is None:
             return None
-        return StepMarks(traced, audit)
+        marks = StepMarks(traced, audit)
+        if step is not None:
+            # The name a window gives its steps (profiling.ProfileWindow), so the report's default
+            # step pattern and its component attribution read either trace alike.
+            marks.step = _enter(f"gpuprobe.step#{step}", None)
+        return marks
 
     def close(self, marks: StepMarks, records: Any) -> None:
-        """End what the step left open (its forward, after a failure), leave the audit, record its counts."""
+        """End what the step left open (its forward, after a failure), leave the audit, record its counts,
+        end the step's own range."""
         marks.end_forward()
         audit = marks.audit
         if audit is not None:
@@ -156,6 +178,9 @@ class StepMarker:
             audit.__exit__(None, None, None)
             records.append((self._audited, 1))
             _sync_audit.flush(audit, self._sync_child, records)
+        handle, marks.step = marks.step, None
+        if handle is not None:
+            _end_range(handle)
 
     def _sync_child(self, where: _sync_audit.Where, op: str) -> Any:
         key = (where, op)

@@ -108,3 +108,45 @@ def test_continuous_batching_on_the_gpu_returns_every_request_with_device_ttft()
               for p in d.points}
     assert points["device"].count == len(prompts) == points["host"].count
     assert 0 < points["device"].sum <= points["host"].sum
+
+
+def test_continuous_batching_inter_token_latency_is_per_request_on_both_clocks():
+    """One inter-token sample per request and output token after its first, on the host and the device clock."""
+    import transformers
+
+    reset(device_timing="cuda")
+    model = cuda_model()
+    prompts = [[3 + (i * 7 + j) % 120 for j in range(n)] for i, n in enumerate((5, 9, 12, 20, 7, 3))]
+    gen = transformers.GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cfg = transformers.ContinuousBatchingConfig(num_blocks=64, page_size=16, max_batch_tokens=64)
+    instrument(model, model_name="cb")
+    try:
+        out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cfg)
+    finally:
+        uninstrument(model)
+    torch.cuda.synchronize()  # the test waits; gpuprobe itself never does
+    expected = sum(len(o.generated_tokens) - 1 for o in out.values())
+    points = {p.labels["clock"]: p for d in gpuprobe.collect() if d.spec.name == "gpuprobe.inter_token.duration"
+              for p in d.points}
+    assert points["host"].count == expected
+    # the device count follows the batches transformers scheduled (asynchronous batching may run one more)
+    assert expected <= points["device"].count <= expected + len(prompts)
+
+
+def test_your_own_cuda_profiler_trace_gets_the_step_and_component_ranges(tmp_path):
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpuprobe.report import analyze
+
+    reset(device_timing="cuda")
+    model = instrument(cuda_model(), model_name="m")
+    ids = prompt().to("cuda")
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            out = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+        prof.export_chrome_trace(str(tmp_path / "mine.json"))
+    finally:
+        uninstrument(model)
+    report = analyze(tmp_path / "mine.json")
+    assert report.steps is not None and report.steps.count == out.shape[1] - ids.shape[1]
+    assert report.summary.kernel_count > 0

@@ -224,11 +224,54 @@ def test_schedule_forward_and_update_add_up_to_the_step(model: Any) -> None:
     assert phases <= {"prefill", "decode", "mixed"} and "decode" in phases
 
 
-def test_inter_token_latency_is_one_sample_per_step_that_decodes(model: Any) -> None:
-    _generate(model, _prompts())
-    decoding = _count("gpuprobe.step.duration", model=MODEL, phase="decode") + \
+def _check_inter_token(exp: InMemoryExporter, outputs: list[Any]) -> list[float]:
+    """One host sample per request and output token after its first, and per request they add up to its
+    duration less its TTFT (so over all requests too: the samples carry no request id)."""
+    itl = exp.values("gpuprobe.inter_token.duration", model=MODEL, clock="host")
+    assert len(itl) == sum(len(o.generated_tokens) - 1 for o in outputs)
+    assert all(v > 0 for v in itl)
+    durations = exp.values("gen_ai.server.request.duration", **{"gen_ai.request.model": MODEL})
+    ttfts = exp.values("gen_ai.server.time_to_first_token", clock="host")
+    assert len(durations) == len(ttfts) == len(outputs)
+    # the same host clock on both sides: equal up to the rounding of seconds (1 ns a value)
+    assert sum(itl) == pytest.approx(sum(durations) - sum(ttfts), abs=1e-9 * (len(itl) + 2 * len(outputs)))
+    assert max(itl) <= max(d - t for d, t in zip(sorted(durations), sorted(ttfts))) + max(durations)
+    return itl
+
+
+def test_inter_token_latency_is_one_sample_per_request_and_token_after_its_first(model: Any) -> None:
+    with InMemoryExporter() as exp:
+        out = _generate(model, _prompts())
+        itl = _check_inter_token(exp, list(out.values()))
+    steps = _count("gpuprobe.step.duration", model=MODEL, phase="decode") + \
         _count("gpuprobe.step.duration", model=MODEL, phase="mixed")
-    assert _count("gpuprobe.inter_token.duration", model=MODEL, clock="host") == decoding > 0
+    assert len(itl) == len(PROMPT_LENGTHS) * (8 - 1) > steps  # many requests decode in one step
+
+
+def test_inter_token_latency_of_requests_of_different_lengths(model: Any) -> None:
+    """A manager's requests, each with its own token limit: a one-token request has no sample."""
+    gen = transformers.GenerationConfig(max_new_tokens=9, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cfg = transformers.ContinuousBatchingConfig(num_blocks=64, page_size=16, max_batch_tokens=64)
+    limits = (1, 2, 5, 9)
+    with InMemoryExporter() as exp:
+        manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
+        manager.start()
+        try:
+            ids = [manager.add_request(p, max_new_tokens=n) for p, n in zip(_prompts((4, 7, 5, 6)), limits)]
+            outputs = [manager.get_result(request_id=rid, timeout=60) for rid in ids]
+        finally:
+            manager.stop(block=True, timeout=60)
+        assert [len(o.generated_tokens) for o in outputs] == list(limits)
+        assert len(_check_inter_token(exp, outputs)) == 0 + 1 + 4 + 8
+
+
+def test_a_preempted_request_counts_its_wait_in_its_inter_token_latency(model: Any) -> None:
+    """Requests evicted and scheduled again: still one sample per token, and the gaps they waited are in
+    them (the samples add up to each request's decoding time)."""
+    with InMemoryExporter() as exp:
+        out = _generate(model, _prompts((10,) * 8), new=40, num_blocks=8, max_batch_tokens=16)
+        assert _sum("gpuprobe.requests.preempted", model=MODEL) >= 1
+        _check_inter_token(exp, list(out.values()))
 
 
 def test_steps_advance_the_step_clock(model: Any) -> None:

@@ -101,6 +101,16 @@ class Timeline:
         return [k for k, f in enumerate(self.forwards)
                 if any(tok and self.first_token_step(r) < k for r, tok in f.batch)]
 
+    def next_tokens(self) -> list[tuple[int, str]]:
+        """(forward, request) for each token after a request's first: one inter-token sample each."""
+        return [(k, r) for k, f in enumerate(self.forwards) for r, tok in f.batch
+                if tok and self.first_token_step(r) < k]
+
+    def host_gaps(self, rid: str) -> list[int]:
+        """The times between the moments the host held consecutive tokens of ``rid``."""
+        held = [f.held for f in self.forwards if (rid, True) in f.batch]
+        return [b - a for a, b in zip(held, held[1:])]
+
     def device_ttft(self, rid: str) -> int:
         s, f = self.first_step(rid), self.first_token_step(rid)
         return (self.forwards[s].launched - self.arrivals[rid]) + (self.forwards[f].ended - self.forwards[s].reached)
@@ -202,7 +212,6 @@ def test_device_ttft_and_inter_token_latency_follow_the_gpus_timeline(
         sim.advance(700 * US)
         _arrive(manager, sim, timeline, "b", list(range(10, 30)), new=4)
         sim.advance(1 * MS)
-        start = sim.now_ns(0)
         _run_loop(manager)
         syncs = sim.stats.host_syncs - timeline.syncs_before
         sim.finish()
@@ -218,9 +227,12 @@ def test_device_ttft_and_inter_token_latency_follow_the_gpus_timeline(
         assert all(held[r] - timeline.device_ttft(r) == C for r in rids)
         decoding = timeline.decoding_steps()
         assert len(decoding) >= 3
-        assert ns(exp.values(ITL, clock="device")) == [timeline.device_span(k) for k in decoding]
-        previous = [start] + [f.held for f in forwards]
-        assert ns(exp.values(ITL, clock="host")) == [forwards[k].held - previous[k] for k in decoding]
+        # One sample per request and token after its first: the device span of the forward that selected
+        # it, and on the host the time since the host held that request's previous token.
+        tokens = timeline.next_tokens()
+        assert len(tokens) == (4 - 1) + (4 - 1) + (3 - 1)  # each request's output tokens less its first
+        assert sorted(ns(exp.values(ITL, clock="device"))) == sorted(timeline.device_span(k) for k, _ in tokens)
+        assert sorted(ns(exp.values(ITL, clock="host"))) == sorted(g for r in rids for g in timeline.host_gaps(r))
         assert ns(exp.values(STEP, clock="device")) == [timeline.device_span(k) for k in range(len(forwards))]
     # The host waited only where transformers waits: once for the compute stream and once for the copy, per step.
     assert syncs == 2 * len(forwards)
@@ -395,8 +407,10 @@ def test_with_asynchronous_batching_the_first_token_is_confirmed_a_turn_later(
         assert timeline.device_ttft("b") < forwards[2].ended - timeline.arrivals["b"]
         assert ns(exp.values(TTFT, clock="host")) == [forwards[0].held - timeline.arrivals["a"],
                                                       forwards[2].held - timeline.arrivals["b"]]
-        assert ns(exp.values(ITL, clock="device")) == [timeline.device_span(k) for k in (1, 2, 3)]
-        assert len(exp.values(ITL, clock="host")) == 3
+        # a's next tokens come from forwards 1, 2 and 3, b's from forward 3
+        assert sorted(ns(exp.values(ITL, clock="device"))) == sorted(timeline.device_span(k) for k in (1, 2, 3, 3))
+        assert sorted(ns(exp.values(ITL, clock="host"))) == sorted(timeline.host_gaps("a") + timeline.host_gaps("b"))
+        assert len(exp.values(ITL, clock="host")) == 4
     assert sim.stats.host_syncs == len(plan)  # the updates' waits for the copies, and nothing else
     assert runtime().backends.device_clock.in_flight == 0
     serving.close()

@@ -1,7 +1,9 @@
-"""Inside a profile window, each component of a generation step is a range of the kineto trace.
+"""Inside a profile window, or the program's own torch.profiler, each component of a generation step
+is a range of the kineto trace.
 
-A real tiny Llama generates inside ``gpuprobe.profile(...)``; the trace file is read back with plain
-``json`` (not with gpuprobe's report) and the ranges are checked against the operators they hold.
+A real tiny Llama generates inside ``gpuprobe.profile(...)`` or ``torch.profiler.profile()``; the trace
+file is read back with plain ``json`` (not with gpuprobe's report) and the ranges are checked against
+the operators they hold.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _hfkit import prompt, torch, transformers
 
 import gpuprobe
-from gpuprobe.integrations import _hf_marks
+from gpuprobe.integrations import _hf_generate, _hf_marks
 from gpuprobe.integrations.transformers import instrument
 
 BUILT_IN = "RepetitionPenaltyLogitsProcessor"
@@ -126,24 +129,96 @@ def test_the_prefill_step_has_a_forward_range_too(make_model, tmp_path):
     assert [r["name"] for r in found if r["name"] == "forward" and inside(r, step[0])] == ["forward"]
 
 
-def test_a_profiler_of_your_own_sees_no_component_ranges(make_model):
-    model = instrument(make_model("llama"), model_name="m")
+def own_profile(model: Any, tmp_path: Path, **kwargs: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """generate() inside the program's own CPU profiler; its output and the trace it exported itself."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        generate(model)
-    names = {e.name for e in prof.events()}
-    assert "aten::index_fill" in names  # the profile did record the generation
-    assert not names & {"forward", "BanTokens", BUILT_IN, "streamer", *CRITERIA}
+        out = generate(model, **kwargs)
+    prof.export_chrome_trace(str(tmp_path / "mine.json"))
+    return out, events(tmp_path / "mine.json")
 
 
-def test_without_a_window_no_range_is_entered(make_model, monkeypatch):
+def test_your_own_profiler_gets_a_range_per_step_holding_its_components(make_model, tmp_path):
+    model = instrument(make_model("llama"), model_name="m")
+    out, evs = own_profile(model, tmp_path)
+    found = ranges(evs)
+    steps = sorted((r for r in found if r["name"].startswith("gpuprobe.step#")), key=lambda r: r["ts"])
+    new_tokens = out.shape[1] - prompt().shape[1]  # a prefill, then one decode step per further token
+    assert [s["name"] for s in steps] == [f"gpuprobe.step#{i}" for i in range(new_tokens)]
+    expected = sorted(["forward", "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", BUILT_IN,
+                       "BanTokens", *CRITERIA])
+    for step in steps[1:]:  # step 0 (the prefill) has no streamer: transformers puts the prompt before it
+        children = [r for r in found if r is not step and inside(r, step)]
+        assert sorted(r["name"] for r in children if r["name"] != "streamer") == expected, step["name"]
+        assert [r["name"] for r in children].count("streamer") == 1
+    # every index_fill (the user's processor only) lies in a BanTokens range inside a step
+    fills = [e for e in evs if e.get("cat") == "cpu_op" and e["name"] == "aten::index_fill"]
+    user = [r for r in found if r["name"] == "BanTokens"]
+    assert len(fills) == len(user) == new_tokens
+    assert all(any(inside(op, r) for r in user) for op in fills)
+
+
+def test_a_window_inside_your_own_profiler_starts_no_second_session(make_model, tmp_path):
+    """kineto holds one session per process: the window stands aside (it would end the program's
+    session, whose export then crashes) and the program's trace holds each range once."""
+    model = instrument(make_model("llama"), model_name="m")
+    window = gpuprobe.profile("1-3", output=str(tmp_path / "window.json"))
+    with pytest.warns(RuntimeWarning, match="already records"):
+        out, evs = own_profile(model, tmp_path)
+    assert window.state == "failed" and "already records" in (window.error or "")
+    assert not (tmp_path / "window.json").exists()
+    names = [r["name"] for r in ranges(evs)]
+    new_tokens = out.shape[1] - prompt().shape[1]
+    assert sorted(n for n in names if n.startswith("gpuprobe.step#")) == sorted(
+        f"gpuprobe.step#{i}" for i in range(new_tokens))
+    assert names.count("forward") == names.count("BanTokens") == new_tokens
+
+
+def test_a_window_records_each_range_once(make_model, tmp_path):
+    """A window's profiler is a profiler too: its steps get the window's step range, not a second one."""
+    model = instrument(make_model("llama"), model_name="m")
+    window = gpuprobe.profile("1-3", output=str(tmp_path / "steps.json"))
+    generate(model)
+    names = [r["name"] for r in ranges(events(window.path))]
+    assert sorted(n for n in names if n.startswith("gpuprobe.step#")) == [f"gpuprobe.step#{i}" for i in (1, 2, 3)]
+    assert names.count("forward") == names.count("BanTokens") == 3
+
+
+def test_without_a_profiler_no_range_is_entered(make_model, monkeypatch):
     model = instrument(make_model("llama"), model_name="m")
     generate(model)  # binds what the ranges need, if anything would
     entered: list[str] = []
     monkeypatch.setattr(_hf_marks, "_enter", lambda name, args: entered.append(name))
     generate(model)
     assert entered == []
+    # the check each step makes is torch's own C function: no Python frame on the step
+    assert _hf_generate._profiling is torch._C._autograd._profiler_enabled
+
+
+def test_the_kernel_samplers_sessions_get_no_ranges(make_model, monkeypatch):
+    """The sampler's short sessions are read for kernels (CPU operators here) only: no ranges go into
+    them; your own profiler's steps, which the sampler then leaves alone, get them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpuprobe.profiling import KernelSampler
+
+    model = instrument(make_model("llama"), model_name="m")
+    generate(model)
+    sampler = KernelSampler(1).attach()
+    try:
+        entered: list[str] = []
+        real = _hf_marks._enter
+        monkeypatch.setattr(_hf_marks, "_enter", lambda name, args: entered.append(name) or real(name, args))
+        generate(model)
+        assert sampler.wait(30) and sampler.samples >= 5  # it sampled the steps (every step after the first)
+        assert entered == []
+        with profile(activities=[ProfilerActivity.CPU]):
+            generate(model)
+        assert entered.count("forward") == 6
+        assert sum(n.startswith("gpuprobe.step#") for n in entered) == 6
+    finally:
+        sampler.detach()
 
 
 def test_steps_after_the_window_get_no_ranges(make_model, tmp_path, monkeypatch):
