@@ -401,11 +401,18 @@ def test_diff_findings_regressions_and_new_findings(tmp_path: Path, capsys: pyte
     assert gemm.evidence["ratio"] == pytest.approx(2.0) and gemm.severity == "critical"
     new = next(f for f in d.findings if f.id == "host_sync")
     assert new.evidence["new_in"] == "B" and new.title.startswith("New in B:")
+    # the verdict comes first: one step each, CPU time 400 -> 900 µs and GPU busy 300 -> 600 µs per step
+    assert d.findings[0].id == "verdict" and d.verdict == "worse"
+    assert d.findings[0].severity == "critical"  # 900 / 400 = 2.25 >= regression.critical_ratio
+    figures = {r.figure: r for r in d.verdict_rows}
+    assert (figures["CPU time per step"].a, figures["CPU time per step"].b) == (400_000, 900_000)
+    assert (figures["GPU busy per step"].a, figures["GPU busy per step"].b) == (300_000, 600_000)
+    # sync time appeared in B: new work, not a like-for-like regression (the new host_sync says it)
+    assert ("regression", "sync time") not in found
     assert main_diff([str(pa), str(pb), "--fail-on", "critical", "--format", "json"]) == EXIT_FINDINGS
-    assert json.loads(capsys.readouterr().out)["findings"]
-    # sync time appeared in B (a regression from nothing): only a huge minimum delta hides it
-    lenient = ["--threshold", "regression.min_ns=1e9", "--threshold", "host_sync.per_step=9"]
-    assert main_diff([str(pa), str(pb), *lenient, "--fail-on", "warning"]) == 0
+    assert json.loads(capsys.readouterr().out)["findings"][0]["id"] == "verdict"
+    lenient = ["--threshold", "regression.critical_ratio=3", "--threshold", "host_sync.per_step=9"]
+    assert main_diff([str(pa), str(pb), *lenient, "--fail-on", "critical"]) == 0
 
 
 def test_pageable_copies_in_an_nsys_export(tmp_path: Path, make_nsys: Any, data_dir: Path) -> None:
