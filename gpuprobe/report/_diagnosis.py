@@ -121,7 +121,9 @@ class SyncEvidence:
             counts the waits for work the GPU is doing.
     """
 
-    __slots__ = ("calls", "blocked_ns", "gpu_idle_ns", "per_step", "stop_check_per_step", "by_api", "offenders", "roles")
+    __slots__ = (
+        "calls", "blocked_ns", "gpu_idle_ns", "per_step", "stop_check_per_step", "by_api", "offenders", "roles"
+    )
 
     def __init__(self) -> None:
         self.calls = 0
@@ -740,9 +742,8 @@ def _concat(
     forward_rows = [i for i, n in enumerate(places.name) if n == "forward"]
     in_forward = bool(forward_rows)
     # (thread, start, end) of the forward ranges, by thread and start, for bisecting
-    forwards = sorted(
-        (scan.ranges.thread_id[i], scan.ranges.start[i], scan.ranges.start[i] + scan.ranges.dur[i]) for i in forward_rows
-    )
+    rng = scan.ranges
+    forwards = sorted((rng.thread_id[i], rng.start[i], rng.start[i] + rng.dur[i]) for i in forward_rows)
 
     def inside_forward(thread: int, at: int) -> bool:
         if not in_forward:

@@ -200,7 +200,9 @@ def diff(
     ranges = _ranges(ra, rb, ua, ub)
     kinds = {r.family: r.category for rep in (ra, rb) for r in (rep.families.rows if rep.families else [])}
     overall, verdict_rows = _verdict(ra, rb, limits)
-    fusion, explained = _fusion(families, categories, ranges, kinds, limits)
+    # totals in a trace without steps: a warning says so
+    unit = {"step": "per step", "token": "per token", "none": "in all"}[normalize]
+    fusion, explained = _fusion(families, ranges, kinds, unit, limits)
     findings = _regressions(overview, categories, families, ub, limits, explained) + _new_findings(ra, rb)
     findings += [f for f in (fusion, _new_work(families, explained, ub, limits)) if f is not None]
     return DiffReport(
@@ -279,7 +281,8 @@ def _verdict(ra: Report, rb: Report, t: dict[str, float]) -> tuple[str, list[Ver
         change = (b - a) / a if a and b is not None else None
         noise = max(a_spread or 0.0, b_spread or 0.0)
         judgement = "same"
-        if a is not None and b is not None and abs(b - a) > noise and (change is None or abs(change) >= t["verdict.min_change"]):
+        big = change is None or abs(change) >= t["verdict.min_change"]
+        if a is not None and b is not None and abs(b - a) > noise and big:
             judgement = "better" if b < a else "worse"
         rows.append(VerdictRow(figure, metric, a, b, a_spread, b_spread, change, judgement))
     seen = {r.judgement for r in rows}
@@ -339,7 +342,7 @@ def _verdict_finding(overall: str, rows: list[VerdictRow], t: dict[str, float]) 
 
 
 def _fusion(
-    families: list[DiffRow], categories: list[DiffRow], ranges: list[DiffRow], kinds: dict[str, str], t: dict[str, float]
+    families: list[DiffRow], ranges: list[DiffRow], kinds: dict[str, str], unit: str, t: dict[str, float]
 ) -> tuple[Finding | None, set[str]]:
     """New kernel families whose time removed or shrunk families of fusable categories cover: a fusion.
 
@@ -369,8 +372,8 @@ def _fusion(
         id="fusion",
         severity="info",
         title=f"Fusion: {len(new)} new kernel famil{'y' if len(new) == 1 else 'ies'} ({', '.join(new_cats)}, "
-        f"{new_ns / 1e3:.1f} µs per unit) replace {removed_ns / 1e3:.1f} µs per unit of {cat_text} kernels: "
-        f"{(new_ns - removed_ns) / 1e3:+.1f} µs per unit",
+        f"{new_ns / 1e3:.1f} µs {unit}) replace {removed_ns / 1e3:.1f} µs {unit} of {cat_text} kernels: "
+        f"{(new_ns - removed_ns) / 1e3:+.1f} µs {unit}",
         evidence={
             "at_stake_ns": 0,
             "new_families": [{"family": r.key, "category": kinds[r.key], "b_ns": r.b} for r in new],

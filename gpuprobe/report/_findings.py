@@ -82,7 +82,7 @@ THRESHOLDS: dict[str, Threshold] = {
         3, "steps needed at least for a critical host_sync (the waits for the trace's own GPU work, step after step)"
     ),
     "launch_bound.host_gap_ns": Threshold(
-        100_000, "host time per launch (idle waiting for launches ÷ launches) above which the run is host-bound, a warning"
+        100_000, "host time per launch (idle waiting for launches ÷ launches) above which the run is host-bound"
     ),
     "launch_bound.graph_share": Threshold(
         0.5, "share of step kernel time in CUDA graph replays at or above which launch_bound is a warning at most"
