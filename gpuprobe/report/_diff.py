@@ -278,6 +278,8 @@ def _verdict(ra: Report, rb: Report, t: dict[str, float]) -> tuple[str, list[Ver
     for figure in [f for f in fa if f in fb]:
         metric, a, a_spread = fa[figure]
         _, b, b_spread = fb[figure]
+        if not a and not b:
+            continue  # launches of two CPU traces: nothing to weigh
         change = (b - a) / a if a and b is not None else None
         noise = max(a_spread or 0.0, b_spread or 0.0)
         judgement = "same"
@@ -327,7 +329,7 @@ def _verdict_finding(overall: str, rows: list[VerdictRow], t: dict[str, float]) 
     return Finding(
         id="verdict",
         severity=severity,
-        title=f"Verdict: {words[overall]}" + (f" per step: {details}" if details else ""),
+        title=f"Verdict per step: {words[overall]}" + (f": {details}" if details else ""),
         evidence={
             "at_stake_ns": 0,
             "verdict": overall,

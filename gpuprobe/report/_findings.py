@@ -182,8 +182,8 @@ _SYNC_REMEDY = (
     "memory. gpuprobe's live sync audit (GPUPROBE_SYNC_AUDIT) names the component and source line."
 )
 _STOP_CHECK_REMEDY = (
-    "Nothing to do for this one: generate() reads once per step, in its own loop between the step's "
-    "components, whether every sequence has finished (transformers' StopCheck: "
+    "Nothing to do for generate's stopping check: once per step, in its own loop between the step's "
+    "components, generate() reads whether every sequence has finished (transformers' StopCheck: "
     "bool(unfinished_sequences.max() == 0)). The host waits there for the step's GPU work, which the next step "
     "needs anyway; the GPU then idles while the host prepares the next step's first launches, which CUDA graphs "
     "and a lighter loop shorten. transformers defers the read by one step (DeferredStopCheck) on MPS only."
@@ -204,7 +204,7 @@ def _sync_remedy(roles: dict[tuple[str, str], str], stop_checks: int) -> str:
             "check."
         )
     if stop_checks:
-        parts.append("The once-per-step stopping check in generate's loop is expected. " + _STOP_CHECK_REMEDY)
+        parts.append(_STOP_CHECK_REMEDY)
     return " ".join(parts)
 
 
@@ -641,8 +641,14 @@ def _concat_per_step(c: _Context, cc: Any) -> Finding | None:
     base = sum(cc.base_ns)
     share = sum(cc.ns) / base if base else 0.0
     need = c.t["kv_cache_concat.per_layer"] * (layers or 1)
-    if in_place or not per_step or per_step < max(need, 2) or share < c.t["kv_cache_concat.step_share"]:
+    if in_place or not per_step or per_step < max(need, 2):
         return None
+    severity = "warning"
+    if share < c.t["kv_cache_concat.step_share"]:
+        if cc.source == "kernels":
+            return None
+        # a CPU trace: the pattern is there, what it costs on a GPU is not in the trace
+        severity = "info"
     per_layer = per_step / layers if layers else None
     what = "concatenation kernels" if cc.source == "kernels" else "aten::cat operators"
     of = "kernel time" if cc.source == "kernels" else "step time"
@@ -654,7 +660,7 @@ def _concat_per_step(c: _Context, cc: Any) -> Finding | None:
     )
     return _finding(
         "kv_cache_concat",
-        "warning",
+        severity,
         f"Dynamic KV cache: {per_step:g} {what} per decode step{where}{layer_text}, {share * 100:.1f} % of {of}; "
         "no in-place cache writes",
         sum(cc.ns),

@@ -141,6 +141,7 @@ def _offender_lines(evidence: dict[str, Any]) -> list[str]:
     return [
         f"     {r['calls']:,} x {r['operator']} in {r['range']}"
         + (f" ({r['per_step']:g} per step)" if r.get("per_step") is not None else "")
+        + (f": {r.get('function') or r['role'].replace('_', ' ')}" if r.get("role") else "")
         for r in rows
     ]
 
