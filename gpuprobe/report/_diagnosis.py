@@ -9,9 +9,10 @@ the steps, once each.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gpuprobe._kernel_names import (
@@ -285,8 +286,8 @@ class Evidence:
         self.eager: LaunchEvidence | None = None
         #: ``torch.profiler`` recorded the trace (kineto): its own host time per operator counts.
         self.profiler = False
-        #: CPU operators per step (median; ``None`` without steps).
-        self.cpu_ops_per_step: float | None = None
+        #: Counts the CPU operators per step (median), when a rule needs them; ``None`` without steps.
+        self.count_cpu_ops: Callable[[], float | None] = lambda: None
         self.fused_attention_kernels = 0
         self.softmax_kernels = 0
         self.softmax_kernel_ns = 0
@@ -294,6 +295,11 @@ class Evidence:
         self.cpu_op_ns: dict[str, int] = {}
         #: Copies from or to pageable memory: (direction, count, bytes, ns) per direction.
         self.pageable: list[tuple[str, int, int, int]] = []
+
+    @functools.cached_property
+    def cpu_ops_per_step(self) -> float | None:
+        """CPU operators per step, median (``None`` without steps or operators); counted once, on demand."""
+        return self.count_cpu_ops()
 
 
 def innermost(
@@ -447,12 +453,7 @@ def gather(
         ev.cpu_op_counts[name] = stat.count
         ev.cpu_op_ns[name] = stat.total_ns
     if steps and len(cpu):
-        per_step = [0] * len(steps)
-        for t, a in zip(cpu.thread_id, cpu.start):
-            k = _step_of(steps, step_starts, t, a, step_threads)
-            if k >= 0:
-                per_step[k] += 1
-        ev.cpu_ops_per_step = median(per_step)
+        ev.count_cpu_ops = lambda: _cpu_ops_per_step(cpu, steps, step_starts, step_threads)
 
     # ---- host syncs: the API calls, with their operators (innermost, outermost) and place
     syncs = scan.syncs
@@ -567,6 +568,15 @@ def gather(
     return ev
 
 
+def _cpu_ops_per_step(cpu: Any, steps: list[StepSpan], step_starts: list[int], step_threads: set[int]) -> float | None:
+    per_step = [0] * len(steps)
+    for t, a in zip(cpu.thread_id, cpu.start):
+        k = _step_of(steps, step_starts, t, a, step_threads)
+        if k >= 0:
+            per_step[k] += 1
+    return median(per_step)
+
+
 def _eager_launches(
     scan: TraceScan,
     cols: Columns,
@@ -593,13 +603,15 @@ def _eager_launches(
         place = places.place(where.get(j))
         out.by_place[place] = out.by_place.get(place, 0) + 1
     out.per_step = per_step
-    for st in steps:
-        ops = cols.window_ops(st.op_windows)
-        for kind, a, b, j in zip(ops.kind, ops.start, ops.end, ops.launch):
-            if kind == _KERNEL:
-                out.kernel_ns += b - a
-                if j >= 0 and launches.corr[j] in graph_corrs:
-                    out.node_kernel_ns += b - a
+    graphs = scan.graph_launches
+    in_steps = {
+        c
+        for t, a, c in zip(graphs.thread_id, graphs.start, graphs.corr)
+        if c >= 0 and _step_of(steps, step_starts, t, a, step_threads) >= 0
+    }
+    ops = scan.ops
+    out.node_kernel_ns = sum(d for k, c, d in zip(ops.kind, ops.corr, ops.dur) if k == _KERNEL and c in in_steps)
+    out.kernel_ns = sum(cols.window_total(cols.cum_kernel_ns, st.op_windows) for st in steps)
     return out
 
 
@@ -751,19 +763,18 @@ def _concat(
         j = bisect.bisect_right(forwards, (thread, at, 1 << 62)) - 1
         return j >= 0 and forwards[j][0] == thread and forwards[j][1] <= at <= forwards[j][2]
 
-    def rows_of(names: frozenset[str]) -> list[tuple[int, int, int, int]]:
-        ids = {i for i, n in enumerate(cpu_names) if n in names}
-        return sorted(
-            (cpu.thread_id[i], cpu.start[i], cpu.dur[i], sizes.get(i, -1))
-            for i, n in enumerate(cpu.name_id)
-            if n in ids and inside_forward(cpu.thread_id[i], cpu.start[i])
-        )
-
-    # (thread, start, dur, elements) of the concatenation operators, for bisecting by step
-    hits = rows_of(CONCAT_OPS)
-    writes = rows_of(_IN_PLACE_CACHE_OPS)
-    attention = [rows_of(frozenset({n})) for n in sorted(FUSED_ATTENTION_OPS | SOFTMAX_OPS)]
-    attention = [a for a in attention if a]
+    # one pass over the operators: (thread, start, dur, elements) of those of each wanted name, in
+    # the forward, sorted for bisecting by step
+    wanted = CONCAT_OPS | _IN_PLACE_CACHE_OPS | FUSED_ATTENTION_OPS | SOFTMAX_OPS
+    name_of = {i: n for i, n in enumerate(cpu_names) if n in wanted}
+    by_name: dict[str, list[tuple[int, int, int, int]]] = {}
+    for i, nid in enumerate(cpu.name_id):
+        name = name_of.get(nid)
+        if name is not None and inside_forward(cpu.thread_id[i], cpu.start[i]):
+            by_name.setdefault(name, []).append((cpu.thread_id[i], cpu.start[i], cpu.dur[i], sizes.get(i, -1)))
+    hits = sorted(r for n in CONCAT_OPS for r in by_name.get(n, ()))
+    writes = sorted(r for n in _IN_PLACE_CACHE_OPS for r in by_name.get(n, ()))
+    attention = [sorted(rows) for n, rows in by_name.items() if n in FUSED_ATTENTION_OPS or n in SOFTMAX_OPS]
     if not gpu_known and not hits:
         return None
     out = ConcatEvidence("kernels" if gpu_known else "cpu_ops")
