@@ -481,8 +481,7 @@ def launch_bound(c: _Context) -> Finding | None:
             + (" " + _profiler_note(c.ev.cpu_ops_per_step) if c.ev.profiler else ""),
             **evidence,
         )
-        c.launch_bound = finding
-        return finding
+        return finding  # not launch-bound: cuda_graphs and small_kernels do not build on it
     if eager is not None:  # graph replays in the steps: the launches outside them are the evidence
         n_steps = max(1, len(eager.per_step))
         outside = median(eager.per_step) or 0
