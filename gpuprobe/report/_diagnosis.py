@@ -99,6 +99,7 @@ STOP_CHECK_FUNCTION = "transformers StopCheck: bool(unfinished_sequences.max() =
 STOPPING_CRITERION = "stopping_criterion"
 _STEP_RANGE = "gpuprobe.step"
 _BOOL_OPS = frozenset({"aten::is_nonzero"})  # bool(tensor): what the stopping check calls
+_NO_OPERATOR = "(no operator)"
 _IN_PLACE_CACHE_OPS = frozenset({"aten::index_copy_", "aten::index_copy"})  # StaticCache.update
 _IN_PLACE_KERNEL = "index_copy"  # in kernel names: Triton's fused index_copy_ of a static cache
 
@@ -220,13 +221,21 @@ def sync_role(operator: str, outer_operator: str | None, place: str) -> str | No
     """What a sync is, where its operators and place say it: generate's stopping check, a stopping
     criterion, or unknown (``None``).
 
+    In generate's loop, between the step's component ranges, transformers itself reads the device once
+    per step: the stopping check, ``bool()`` of a tensor. A sync there without any operator around it
+    (an nsys export, a trace without CPU operators) is taken for it too.
+
     Example:
         >>> sync_role("aten::_local_scalar_dense", "aten::is_nonzero", GENERATE_LOOP)
+        'stop_check'
+        >>> sync_role("(no operator)", None, GENERATE_LOOP)
         'stop_check'
         >>> sync_role("aten::item", "aten::item", "stopping_criteria/MyStop"), sync_role("aten::item", None, "forward")
         ('stopping_criterion', None)
     """
-    if place == GENERATE_LOOP and (outer_operator in _BOOL_OPS or operator in _BOOL_OPS):
+    if place == GENERATE_LOOP and (
+        outer_operator in _BOOL_OPS or operator in _BOOL_OPS or (outer_operator is None and operator == _NO_OPERATOR)
+    ):
         return STOP_CHECK
     if place.startswith("stopping_criteria/"):
         return STOPPING_CRITERION
@@ -475,7 +484,7 @@ def gather(
             s_ev.by_api[api] = s_ev.by_api.get(api, 0) + 1
             op = op_of_sync.get(i)
             outer = outer_of_sync.get(i)
-            operator = cpu_names[op] if op is not None else "(no operator)"
+            operator = cpu_names[op] if op is not None else _NO_OPERATOR
             place = places.place(where.get(i))
             role = sync_role(operator, cpu_names[outer] if outer is not None else None, place)
             s_ev.add(operator, place, role, dur)

@@ -385,3 +385,13 @@ def test_diff_regression_only_like_for_like_beyond_the_spread(tmp_path: Path) ->
     assert regressions[0].evidence["b_median_ns"] - regressions[0].evidence["a_median_ns"] == 4 * 10_000
     noisy_b = trace([15.0, 15.0, 15.0, 15.0, 15.0, 15.0, 15.0, 15.0])  # +20 µs: within noisy A's spread
     assert not [f for f in diff(noisy, noisy_b).findings if f.id == "regression" and f.evidence["key"] == "gemm"]
+
+
+def test_without_cpu_operators_a_sync_in_the_loop_is_taken_for_the_stopping_check(tmp_path: Path) -> None:
+    """As in an nsys export or a trace recorded without operators: only ranges, launches and syncs."""
+    t = experiment("dynamic")
+    t.events = [e for e in t.events if e.get("cat") != "cpu_op"]
+    path = t.write(tmp_path / "no_ops.json")
+    syncs = [e for e in Raw(path).runtime if e["name"] == "cudaStreamSynchronize"]
+    f = findings(path)["host_sync"]
+    assert f.severity == "info" and f.evidence["stop_check"]["calls"] == len(syncs) == STEPS
