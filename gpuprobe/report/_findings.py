@@ -410,11 +410,12 @@ def _outside_graph_remedy(places: list[str], profiler: bool, cpu_ops: float | No
             if place != "(no range)":
                 parts.append(_PROCESSOR_REMEDY if _is_processor(place, place.rsplit("/", 1)[-1]) else
                              f"{place} launches work every step outside the graphs: fold it into the compiled step")
-    remedy = "The step already replays CUDA graphs; what remains is the work launched outside them. "
-    remedy += "; ".join(dict.fromkeys(parts)) + "." if parts else ""
+    sentences = ["The step already replays CUDA graphs; what remains is the work launched outside them."]
+    if parts:
+        sentences.append("; ".join(dict.fromkeys(parts)) + ".")
     if profiler:
-        remedy += " " + _profiler_note(cpu_ops)
-    return remedy
+        sentences.append(_profiler_note(cpu_ops))
+    return " ".join(sentences)
 
 
 def _profiler_note(cpu_ops: float | None) -> str:
