@@ -346,12 +346,14 @@ def _verdict_finding(overall: str, rows: list[VerdictRow], t: dict[str, float]) 
 def _fusion(
     families: list[DiffRow], ranges: list[DiffRow], kinds: dict[str, str], unit: str, t: dict[str, float]
 ) -> tuple[Finding | None, set[str]]:
-    """New kernel families whose time removed or shrunk families of fusable categories cover: a fusion.
+    """New fused kernel families (Triton's, or named ``fused``) whose time removed or shrunk families of
+    fusable categories cover: a fusion.
 
     Returns:
         The finding (or ``None``) and the family keys it explains.
     """
-    new = [r for r in families if not r.a and r.b and kinds.get(r.key) in _FUSABLE]
+    # a compiler's kernels: Triton's, or named after a fusion (fused_add_rms_norm, ..._fused_...)
+    new = [r for r in families if not r.a and r.b and (kinds.get(r.key) == "triton" or "fused" in r.key.lower())]
     if not new:
         return None, set()
     new_ns = sum(r.b or 0.0 for r in new)
