@@ -395,3 +395,29 @@ def test_without_cpu_operators_a_sync_in_the_loop_is_taken_for_the_stopping_chec
     syncs = [e for e in Raw(path).runtime if e["name"] == "cudaStreamSynchronize"]
     f = findings(path)["host_sync"]
     assert f.severity == "info" and f.evidence["stop_check"]["calls"] == len(syncs) == STEPS
+
+
+def test_a_new_family_is_a_fusion_only_if_it_is_a_fused_kernel(tmp_path: Path) -> None:
+    def trace(name: str, kernels: list[tuple[str, float]]) -> Path:
+        t = KinetoTrace()
+        t.clock = 1000.0
+        for i in range(STEPS):
+            t.clock = max(t.clock, t.gpu_free) + 20
+            start = t.clock
+            for kernel, us in kernels:
+                t.kernel("aten::op", kernel, us)
+            t.range(f"gpuprobe.step#{i + 1}", start - 1, t.clock - start + 2)
+        return t.write(tmp_path / name)
+
+    eager = trace("eager.json", [(GEMM, 20.0)] + [(MUL, 10.0)] * 4)  # 40 µs of elementwise per step
+    fused_name = "void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(c10::BFloat16*, int)"
+    fused = trace("fused.json", [(GEMM, 20.0), (fused_name, 15.0)])
+    other = trace("other.json", [(GEMM, 20.0), (INDEX_COPY, 15.0)])  # a new family, but not a fused kernel
+    d = diff(eager, fused)
+    fusion = next(f for f in d.findings if f.id == "fusion")
+    assert (fusion.evidence["new_ns"], fusion.evidence["removed_ns"]) == (15_000, 40_000)
+    assert not [f for f in d.findings if f.id in ("new_work", "regression")]
+    d = diff(eager, other)
+    assert "fusion" not in {f.id for f in d.findings}
+    new = next(f for f in d.findings if f.id == "new_work")
+    assert [r["b_ns"] for r in new.evidence["families"]] == [15_000]
