@@ -430,7 +430,8 @@ def _regressions(
             Finding(
                 id="regression",
                 severity="critical" if ratio >= t["regression.critical_ratio"] else "warning",
-                title=f"{r.key} ({section}) got slower: {r.a / 1e3:.1f} → {r.b / 1e3:.1f} µs per unit ({ratio:.2f}x)",
+                title=f"{r.key} ({section}) got slower: {r.a / 1e3:.1f} → {r.b / 1e3:.1f} µs per unit "
+                f"({ratio:.2f}x)",
                 evidence={
                     "at_stake_ns": int(r.delta * ub),
                     "section": section,
