@@ -368,7 +368,7 @@ class _Sections:
                 self.scan, self.cols, step_windows, [r.index for r in steps.rows], comm_ids
             )
         if want("idle") or want("flops"):
-            evidence = self._evidence(step_spans, steps, step_windows)
+            evidence = self._evidence(step_spans, steps, step_windows, regex, info.source)
             report.idle = evidence.idle
             report.flops = evidence.flops
             if findings:
@@ -379,7 +379,14 @@ class _Sections:
                     setattr(report, section, None)
         return report
 
-    def _evidence(self, step_spans: list[_StepSpan], steps: StepsSection, step_windows: list[Windows]) -> Evidence:
+    def _evidence(
+        self,
+        step_spans: list[_StepSpan],
+        steps: StepsSection,
+        step_windows: list[Windows],
+        step_regex: re.Pattern[str],
+        source: str,
+    ) -> Evidence:
         spans = [
             StepSpan(
                 index=row.index,
@@ -392,7 +399,15 @@ class _Sections:
             for span, row, wins in zip(step_spans, steps.rows, step_windows)
         ]
         display = [_STEP_NUMBER.sub("#N", n) for n in self.range_name_list]
-        return gather(self.scan, self.cols, spans, self.gpu_name_list, display)
+        return gather(
+            self.scan,
+            self.cols,
+            spans,
+            self.gpu_name_list,
+            display,
+            step_name_ids={i for i, n in enumerate(self.range_name_list) if step_regex.search(n)},
+            source=source,
+        )
 
     # -------------------------------------------------------------- summary
 

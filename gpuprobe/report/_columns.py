@@ -134,9 +134,10 @@ class OpRow:
 
 
 class OpRows:
-    """GPU operations of some windows, as plain lists (``launch_end``: when their launch call returned)."""
+    """GPU operations of some windows, as plain lists (``launch_end``: when their launch call returned;
+    ``launch``: the position of that call in :attr:`TraceScan.launches`)."""
 
-    __slots__ = ("start", "end", "launch_end", "name_id", "kind", "category", "stream_id")
+    __slots__ = ("start", "end", "launch_end", "name_id", "kind", "category", "stream_id", "launch")
 
     def __init__(
         self,
@@ -148,6 +149,7 @@ class OpRows:
         kind: list[int],
         category: list[int],
         stream_id: list[int],
+        launch: list[int],
     ) -> None:
         self.start = start
         self.end = end
@@ -156,6 +158,7 @@ class OpRows:
         self.kind = kind
         self.category = category
         self.stream_id = stream_id
+        self.launch = launch
 
 
 class ByThread(Protocol):
@@ -535,6 +538,7 @@ class PythonColumns:
             kind=[self.op_kind[i] for i in ops],
             category=[self.op_category[i] for i in ops],
             stream_id=[self.op_stream_id[i] for i in ops],
+            launch=launch,
         )
 
     def range_order(self) -> list[int]:
@@ -797,7 +801,7 @@ class NumpyColumns:
 
     def window_ops(self, wins: Windows) -> OpRows:
         if not wins:
-            return OpRows(start=[], end=[], launch_end=[], name_id=[], kind=[], category=[], stream_id=[])
+            return OpRows(start=[], end=[], launch_end=[], name_id=[], kind=[], category=[], stream_id=[], launch=[])
         idx = self.linked_ops[self._sel(wins)]
         starts = self.op_start[idx]
         launch = self.op_launch[idx]
@@ -809,6 +813,7 @@ class NumpyColumns:
             kind=self.op_kind[idx].tolist(),
             category=self.op_category[idx].tolist(),
             stream_id=self.op_stream_id[idx].tolist(),
+            launch=launch.tolist(),
         )
 
     def range_order(self) -> list[int]:

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuprobe.errors import ConfigError
 from gpuprobe.report._analysis import analyze
+from gpuprobe.report._columns import spread_of
 from gpuprobe.report._findings import order, parse_thresholds
 from gpuprobe.report.model import Finding, Report
 
-__all__ = ["DiffRow", "DiffReport", "diff", "NORMALIZE"]
+__all__ = ["DiffRow", "DiffReport", "VerdictRow", "diff", "NORMALIZE", "VERDICTS"]
 
 #: Normalisations of :func:`diff`.
 NORMALIZE: tuple[str, ...] = ("step", "token", "none")
-_DIFF_SECTIONS = ("findings", "categories", "families", "ranges", "memory", "steps", "cpu_ops", "launches")
+#: The verdicts of a diff (:attr:`DiffReport.verdict`).
+VERDICTS: tuple[str, ...] = ("better", "worse", "mixed", "unchanged", "unknown")
+_DIFF_SECTIONS = ("findings", "categories", "families", "ranges", "memory", "steps", "cpu_ops", "launches", "idle")
 _ALL = 1_000_000  # rows kept per section while comparing; the diff itself shows ``top``
 
 
@@ -43,7 +46,11 @@ class DiffRow:
 
 @dataclasses.dataclass
 class DiffReport:
-    """Two traces side by side."""
+    """Two traces side by side.
+
+    ``verdict`` (one of :data:`VERDICTS`) weighs the per-step figures of ``verdict_rows``; the
+    findings open with it.
+    """
 
     a_path: str
     b_path: str
@@ -58,6 +65,8 @@ class DiffReport:
     memory: list[DiffRow]
     cpu_ops: list[DiffRow]
     findings: list[Finding] | None = None
+    verdict: str = "unknown"
+    verdict_rows: list[VerdictRow] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serializable values; ``findings`` first.
@@ -143,8 +152,10 @@ def diff(
         jobs: For a directory of rank traces (``a`` or ``b``): worker processes at most.
 
     Returns:
-        The :class:`DiffReport`; its ``findings`` are the regressions and the findings of B that A
-        does not have.
+        The :class:`DiffReport`; its ``findings`` open with the verdict (better, worse, mixed or
+        unchanged per step), then a fusion (new kernel families that removed ones pay for), the
+        like-for-like regressions beyond the spread of their own steps, new work no fusion explains,
+        and the findings of B that A does not have.
 
     Raises:
         ReportInputError: A trace cannot be read.
@@ -186,7 +197,14 @@ def diff(
     categories = _categories(ra, rb, ua, ub)
     families = _families(ra, rb, ua, ub)
     overview = _overview(ra, rb, ua, ub)
-    findings = _regressions(overview, categories, families, ub, limits) + _new_findings(ra, rb)
+    ranges = _ranges(ra, rb, ua, ub)
+    kinds = {r.family: r.category for rep in (ra, rb) for r in (rep.families.rows if rep.families else [])}
+    overall, verdict_rows = _verdict(ra, rb, limits)
+    # totals in a trace without steps: a warning says so
+    unit = {"step": "per step", "token": "per token", "none": "in all"}[normalize]
+    fusion, explained = _fusion(families, ranges, kinds, unit, limits)
+    findings = _regressions(overview, categories, families, ub, limits, explained) + _new_findings(ra, rb)
+    findings += [f for f in (fusion, _new_work(families, explained, ub, limits)) if f is not None]
     return DiffReport(
         a_path=ra.summary.path,
         b_path=rb.summary.path,
@@ -197,36 +215,223 @@ def diff(
         overview=overview,
         categories=categories,
         families=_by_delta(families, top),
-        ranges=_by_delta(_ranges(ra, rb, ua, ub), top),
+        ranges=_by_delta(ranges, top),
         memory=_memory(ra, rb, ua, ub),
         cpu_ops=_by_delta(_cpu_ops(ra, rb, ua, ub), top),
-        findings=order(findings),
+        findings=[_verdict_finding(overall, verdict_rows, limits)] + order(findings),
+        verdict=overall,
+        verdict_rows=verdict_rows,
     )
 
 
 _REGRESSION_KEYS = ("GPU busy", "kernel time", "launch API time", "CPU time in steps", "sync time")
+#: Categories of kernels that a compiler fuses (into Triton kernels, or fused library kernels).
+_FUSABLE = frozenset({"triton", "softmax", "norm", "copy", "reduction", "index", "elementwise", "other"})
+
+
+@dataclasses.dataclass
+class VerdictRow:
+    """One figure of the verdict: its per-step median in A and B and the spread across steps.
+
+    ``change`` is ``(b - a) / a``; ``judgement`` is ``better``, ``worse`` or ``same`` (a change
+    within the larger p10-p90 spread of the two, or below ``verdict.min_change``).
+    """
+
+    figure: str
+    metric: str
+    a: float | None
+    b: float | None
+    a_spread: float | None
+    b_spread: float | None
+    change: float | None
+    judgement: str
+
+
+def _spread_of(values: list[float]) -> tuple[float | None, float | None]:
+    """Median and p90 - p10 of some values (``None``, ``None`` if there are none)."""
+    if not values:
+        return None, None
+    s = spread_of(sorted(values))
+    return float(s.median), float(s.p90 - s.p10)
+
+
+def _step_figures(r: Report) -> dict[str, tuple[str, float | None, float | None]]:
+    """Per-step figures a user cares about: ``name -> (metric, median, p90 - p10)``."""
+    rows = r.steps.rows if r.steps is not None else []
+    out: dict[str, tuple[str, float | None, float | None]] = {}
+    if not rows:
+        return out
+    busy = [row.gpu_busy_ns for row in rows if row.gpu_busy_ns is not None]
+    if busy:
+        out["GPU busy per step"] = ("ns", *_spread_of([float(v) for v in busy]))
+    out["CPU time per step"] = ("ns", *_spread_of([float(row.cpu_ns) for row in rows]))
+    out["launches per step"] = ("launches", *_spread_of([float(row.launches) for row in rows]))
+    if r.idle is not None and r.idle.scope == "steps" and r.idle.rows:
+        out["step wall time"] = ("ns", *_spread_of([float(row.window_ns) for row in r.idle.rows]))
+    return out
+
+
+def _verdict(ra: Report, rb: Report, t: dict[str, float]) -> tuple[str, list[VerdictRow]]:
+    """Better, worse, mixed or unchanged, per step, on GPU busy, CPU time, launches and wall time."""
+    fa, fb = _step_figures(ra), _step_figures(rb)
+    rows = []
+    for figure in [f for f in fa if f in fb]:
+        metric, a, a_spread = fa[figure]
+        _, b, b_spread = fb[figure]
+        if not a and not b:
+            continue  # launches of two CPU traces: nothing to weigh
+        change = (b - a) / a if a and b is not None else None
+        noise = max(a_spread or 0.0, b_spread or 0.0)
+        judgement = "same"
+        big = change is None or abs(change) >= t["verdict.min_change"]
+        if a is not None and b is not None and abs(b - a) > noise and big:
+            judgement = "better" if b < a else "worse"
+        rows.append(VerdictRow(figure, metric, a, b, a_spread, b_spread, change, judgement))
+    seen = {r.judgement for r in rows}
+    if not rows:
+        overall = "unknown"
+    elif seen <= {"same"}:
+        overall = "unchanged"
+    elif "better" in seen and "worse" in seen:
+        overall = "mixed"
+    else:
+        overall = "better" if "better" in seen else "worse"
+    return overall, rows
+
+
+def _figure_text(r: VerdictRow) -> str:
+    def fmt(v: float | None) -> str:
+        if v is None:
+            return "-"
+        return f"{v:g}" if r.metric != "ns" else (f"{v / 1e6:.2f} ms" if v >= 1e6 else f"{v / 1e3:.0f} µs")
+
+    pct = f" ({r.change * 100:+.0f} %)" if r.change is not None else ""
+    return f"{r.figure.replace(' per step', '')} {fmt(r.a)} → {fmt(r.b)}{pct}"
+
+
+def _verdict_finding(overall: str, rows: list[VerdictRow], t: dict[str, float]) -> Finding:
+    words = {
+        "better": "B is better",
+        "worse": "B is worse",
+        "mixed": "mixed: B is better on some figures and worse on others",
+        "unchanged": "no change beyond the run-to-run spread of the steps",
+        "unknown": "no per-step figures to compare (no step ranges in A or B)",
+    }
+    changed = [r for r in rows if r.judgement != "same"]
+    worse = [r for r in rows if r.judgement == "worse"]
+    severity = "info"
+    if overall == "mixed":
+        severity = "warning"
+    elif overall == "worse":
+        big = any(r.change is not None and 1 + r.change >= t["regression.critical_ratio"] for r in worse)
+        severity = "critical" if big else "warning"
+    details = ", ".join(_figure_text(r) for r in (changed or rows))
+    return Finding(
+        id="verdict",
+        severity=severity,
+        title=f"Verdict per step: {words[overall]}" + (f": {details}" if details else ""),
+        evidence={
+            "at_stake_ns": 0,
+            "verdict": overall,
+            "figures": [dataclasses.asdict(r) for r in rows],
+        },
+        remedy={
+            "better": "Nothing to undo; the findings below say what remains.",
+            "worse": "Read the regressions below and the kernel families and ranges that changed.",
+            "mixed": "Weigh the figures: the step time (CPU time per step, step wall time) is what a user waits for.",
+        }.get(overall, "Nothing to do."),
+    )
+
+
+def _fusion(
+    families: list[DiffRow], ranges: list[DiffRow], kinds: dict[str, str], unit: str, t: dict[str, float]
+) -> tuple[Finding | None, set[str]]:
+    """New fused kernel families (Triton's, or named ``fused``) whose time removed or shrunk families of
+    fusable categories cover: a fusion.
+
+    Returns:
+        The finding (or ``None``) and the family keys it explains.
+    """
+    # a compiler's kernels: Triton's, or named after a fusion (fused_add_rms_norm, ..._fused_...)
+    new = [r for r in families if not r.a and r.b and (kinds.get(r.key) == "triton" or "fused" in r.key.lower())]
+    if not new:
+        return None, set()
+    new_ns = sum(r.b or 0.0 for r in new)
+    shrunk = [r for r in families if r.a and (r.b or 0.0) < r.a and kinds.get(r.key) in _FUSABLE]
+    removed_ns = sum(r.a - (r.b or 0.0) for r in shrunk if r.a is not None)
+    if removed_ns < t["fusion.cover"] * new_ns:
+        return None, set()
+    by_cat: dict[str, float] = {}
+    for r in shrunk:
+        cat = kinds[r.key]
+        by_cat[cat] = by_cat.get(cat, 0.0) + (r.a or 0.0) - (r.b or 0.0)
+    new_cats = sorted({kinds[r.key] for r in new})
+    replaced = sorted(by_cat.items(), key=lambda kv: -kv[1])
+    moved = sorted(
+        (r for r in ranges if r.metric == "gpu_busy_ns" and r.delta is not None and r.a and r.b),
+        key=lambda r: r.delta or 0.0,
+    )[:3]
+    cat_text = " + ".join(c for c, _ in replaced[:3])
+    finding = Finding(
+        id="fusion",
+        severity="info",
+        title=f"Fusion: {len(new)} new kernel famil{'y' if len(new) == 1 else 'ies'} ({', '.join(new_cats)}, "
+        f"{new_ns / 1e3:.1f} µs {unit}) replace {removed_ns / 1e3:.1f} µs {unit} of {cat_text} kernels: "
+        f"{(new_ns - removed_ns) / 1e3:+.1f} µs {unit}",
+        evidence={
+            "at_stake_ns": 0,
+            "new_families": [{"family": r.key, "category": kinds[r.key], "b_ns": r.b} for r in new],
+            "new_ns": new_ns,
+            "removed_ns": removed_ns,
+            "replaced_by_category": {c: v for c, v in replaced},
+            "ranges_gpu_busy": [{"range": r.key, "a_ns": r.a, "b_ns": r.b, "delta_ns": r.delta} for r in moved],
+        },
+        remedy="Nothing to do: the compiler fused elementwise and copy work into fewer kernels; a new family that "
+        "replaces removed ones is not a regression.",
+    )
+    return finding, {r.key for r in new}
+
+
+def _like_for_like_slower(r: DiffRow, t: dict[str, float]) -> float | None:
+    """The ratio if ``r`` got slower like for like beyond thresholds and its steps' own spread; else ``None``."""
+    if r.metric != "ns" or not r.a or r.b is None or r.delta is None:
+        return None  # absent in A: new work, not a like-for-like regression
+    ratio = r.ratio if r.ratio is not None else float("inf")
+    if ratio < t["regression.ratio"] or r.delta < t["regression.min_ns"]:
+        return None
+    if r.a_median is not None and r.b_median is not None:
+        noise = max(r.a_spread or 0.0, r.b_spread or 0.0)
+        if r.b_median - r.a_median <= noise:
+            return None  # within the run-to-run spread of its own steps
+    return ratio
 
 
 def _regressions(
-    overview: list[DiffRow], categories: list[DiffRow], families: list[DiffRow], ub: float, t: dict[str, float]
+    overview: list[DiffRow],
+    categories: list[DiffRow],
+    families: list[DiffRow],
+    ub: float,
+    t: dict[str, float],
+    explained: Collection[str] = (),
 ) -> list[Finding]:
-    """One finding per overview time, category or family that got slower beyond the thresholds."""
+    """One finding per overview time, category or family present in A and B that got slower beyond
+    the thresholds and beyond the spread of its own steps (entries a fusion explains left out)."""
     out: list[Finding] = []
     candidates = [("overview", r) for r in overview if r.key in _REGRESSION_KEYS]
-    candidates += [("categories", r) for r in categories]
-    candidates += [("families", r) for r in sorted(families, key=lambda r: -(r.delta or 0.0))[:5]]
+    candidates += [("categories", r) for r in categories if r.key not in explained]
+    candidates += [
+        ("families", r) for r in sorted(families, key=lambda r: -(r.delta or 0.0))[:5] if r.key not in explained
+    ]
     for section, r in candidates:
-        if r.metric != "ns" or r.a is None or r.b is None or r.delta is None:
+        ratio = _like_for_like_slower(r, t)
+        if ratio is None or r.a is None or r.b is None or r.delta is None:
             continue
-        ratio = r.ratio if r.ratio is not None else float("inf")
-        if ratio < t["regression.ratio"] or r.delta < t["regression.min_ns"]:
-            continue
-        ratio_text = f"{ratio:.2f}x" if r.ratio is not None else "new"
         out.append(
             Finding(
                 id="regression",
                 severity="critical" if ratio >= t["regression.critical_ratio"] else "warning",
-                title=f"{r.key} ({section}) got slower: {r.a / 1e3:.1f} → {r.b / 1e3:.1f} µs per unit ({ratio_text})",
+                title=f"{r.key} ({section}) got slower: {r.a / 1e3:.1f} → {r.b / 1e3:.1f} µs per unit "
+                f"({ratio:.2f}x)",
                 evidence={
                     "at_stake_ns": int(r.delta * ub),
                     "section": section,
@@ -235,12 +440,36 @@ def _regressions(
                     "b_ns": r.b,
                     "delta_ns": r.delta,
                     "ratio": r.ratio,
+                    "a_median_ns": r.a_median,
+                    "b_median_ns": r.b_median,
+                    "spread_ns": max(r.a_spread or 0.0, r.b_spread or 0.0)
+                    if r.a_spread is not None or r.b_spread is not None
+                    else None,
                 },
                 remedy="Compare the two traces' kernels and ranges for this entry (the sections below); "
                 "a new kernel family or more launches per step usually explains it.",
             )
         )
     return out
+
+
+def _new_work(families: list[DiffRow], explained: set[str], ub: float, t: dict[str, float]) -> Finding | None:
+    """Kernel families only B has, that no fusion explains."""
+    new = [r for r in families if not r.a and r.b and r.key not in explained and r.b >= t["regression.min_ns"]]
+    if not new:
+        return None
+    new.sort(key=lambda r: -(r.b or 0.0))
+    total = sum(r.b or 0.0 for r in new)
+    names = ", ".join(f"{r.key} {(r.b or 0.0) / 1e3:.1f} µs" for r in new[:3])
+    return Finding(
+        id="new_work",
+        severity="warning",
+        title=f"{len(new)} kernel famil{'y' if len(new) == 1 else 'ies'} only in B, not offset by removed work: "
+        f"{names} per unit",
+        evidence={"at_stake_ns": int(total * ub), "families": [{"family": r.key, "b_ns": r.b} for r in new[:10]]},
+        remedy="Find what launches them (the ranges section of B's report): a new code path, a changed "
+        "library choice, or work moved from the host.",
+    )
 
 
 def _new_findings(ra: Report, rb: Report) -> list[Finding]:

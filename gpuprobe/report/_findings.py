@@ -15,7 +15,17 @@ from typing import Any, NamedTuple
 
 from gpuprobe._kernel_names import short_kernel_name
 from gpuprobe.errors import ConfigError
-from gpuprobe.report._diagnosis import BMM_OPS, FUSED_ATTENTION_OPS, SOFTMAX_OPS, Evidence, median
+from gpuprobe.report._diagnosis import (
+    BMM_OPS,
+    FUSED_ATTENTION_OPS,
+    GENERATE_LOOP,
+    SOFTMAX_OPS,
+    STOP_CHECK,
+    STOP_CHECK_FUNCTION,
+    STOPPING_CRITERION,
+    Evidence,
+    median,
+)
 from gpuprobe.report.model import SEVERITIES, Finding, Report
 
 __all__ = ["THRESHOLDS", "RULES", "Threshold", "evaluate", "parse_thresholds", "worst_at_least", "order"]
@@ -62,6 +72,25 @@ THRESHOLDS: dict[str, Threshold] = {
     "regression.ratio": Threshold(1.1, "diff: B ÷ A at or above which a category or family has regressed"),
     "regression.min_ns": Threshold(10_000, "diff: B - A per unit (step, token) at least, in ns"),
     "regression.critical_ratio": Threshold(1.5, "diff: B ÷ A at or above which a regression is critical"),
+    "kv_cache_concat.per_layer": Threshold(
+        2, "concatenations per layer per decode step (keys and values) at least, with no in-place cache writes"
+    ),
+    "kv_cache_concat.step_share": Threshold(
+        0.02, "concatenation share of decode-step kernel time (CPU time on a CPU trace) at least, per step"
+    ),
+    "host_sync.critical_steps": Threshold(
+        3, "steps needed at least for a critical host_sync (the waits for the trace's own GPU work, step after step)"
+    ),
+    "launch_bound.host_gap_ns": Threshold(
+        100_000, "host time per launch (idle waiting for launches ÷ launches) above which the run is host-bound"
+    ),
+    "launch_bound.graph_share": Threshold(
+        0.5, "share of step kernel time in CUDA graph replays at or above which launch_bound is a warning at most"
+    ),
+    "verdict.min_change": Threshold(0.05, "diff: relative change of a per-step median that counts for the verdict"),
+    "fusion.cover": Threshold(
+        0.8, "diff: time removed from other families ÷ time of the new families at or above which they are a fusion"
+    ),
 }
 
 _PROCESSOR_NAME = re.compile(r"(?:LogitsProcessor|LogitsWarper|Processor|Sampler)$")
@@ -122,85 +151,184 @@ def _finding(id: str, severity: str, title: str, at_stake_ns: int, remedy: str, 
     return Finding(id=id, severity=severity, title=title, evidence={"at_stake_ns": int(at_stake_ns), **evidence}, remedy=remedy)
 
 
-def _offenders(table: dict[tuple[str, str], list[int]], steps: int, limit: int = 5) -> list[dict[str, Any]]:
+def _offenders(
+    table: dict[tuple[str, str], list[int]], steps: int, roles: dict[tuple[str, str], str] | None = None, limit: int = 5
+) -> list[dict[str, Any]]:
     rows = sorted(table.items(), key=lambda item: (-item[1][0], -item[1][1], item[0]))[:limit]
-    return [
-        {
+    out = []
+    for (op, rng), (n, ns) in rows:
+        row: dict[str, Any] = {
             "operator": op,
             "range": rng,
             "calls": n,
             "per_step": round(n / steps, 3) if steps else None,
             "time_ns": ns,
         }
-        for (op, rng), (n, ns) in rows
-    ]
+        role = (roles or {}).get((op, rng))
+        if role is not None:
+            row["role"] = role
+            if role == STOP_CHECK:
+                row["function"] = STOP_CHECK_FUNCTION
+        out.append(row)
+    return out
 
 
 # ------------------------------------------------------------------------------------- rules
 
+_SYNC_REMEDY = (
+    "Keep values on the device inside the step: avoid .item(), bool(tensor), int(tensor), .tolist(), "
+    ".cpu(), nonzero(), masked_select(), unique() and boolean-mask indexing; use torch.where or fixed-shape "
+    "masks; check stopping conditions every few steps; copy to the host with non_blocking=True into pinned "
+    "memory. gpuprobe's live sync audit (GPUPROBE_SYNC_AUDIT) names the component and source line."
+)
+_STOP_CHECK_REMEDY = (
+    "Nothing to do for generate's stopping check: once per step, in its own loop between the step's "
+    "components, generate() reads whether every sequence has finished (transformers' StopCheck: "
+    "bool(unfinished_sequences.max() == 0)). The host waits there for the step's GPU work, which the next step "
+    "needs anyway; the GPU then idles while the host prepares the next step's first launches, which CUDA graphs "
+    "and a lighter loop shorten. transformers defers the read by one step (DeferredStopCheck) on MPS only."
+)
+
+
+def _criteria(roles: dict[tuple[str, str], str]) -> list[str]:
+    return sorted({place.split("/", 1)[1] for (_op, place), role in roles.items() if role == STOPPING_CRITERION})
+
+
+def _sync_remedy(roles: dict[tuple[str, str], str], stop_checks: int) -> str:
+    parts = [_SYNC_REMEDY]
+    criteria = _criteria(roles)
+    if criteria:
+        parts.append(
+            f"The stopping criteria {', '.join(criteria)} read device values on the host: return the per-sequence "
+            "done flags as a tensor (torch.isin, comparisons) and leave the reading to generate's own once-per-step "
+            "check."
+        )
+    if stop_checks:
+        parts.append(_STOP_CHECK_REMEDY)
+    return " ".join(parts)
+
+
+def _stop_check_finding(calls: int, per_step: float | None, blocked_ns: int, would: bool) -> Finding:
+    verb = "would synchronize the host on a GPU (a CPU trace: none did here)" if would else "synchronizes the host"
+    return _finding(
+        "host_sync",
+        "info",
+        f"Only generate's stopping check {verb}, once per step, in its loop between the components: expected",
+        0,
+        _STOP_CHECK_REMEDY,
+        calls=0 if would else calls,
+        per_step=per_step,
+        blocked_ns=0 if would else blocked_ns,
+        stop_check={
+            "calls": calls,
+            "per_step": per_step,
+            "time_ns": blocked_ns,
+            "where": GENERATE_LOOP,
+            "function": STOP_CHECK_FUNCTION,
+        },
+    )
+
+
+_UNEXPLAINED_WAIT_NS = 1_000_000  # a sync call costs µs even with the GPU idle: below 1 ms, no story
+
+
+def _role_totals(ev: Any, role: str) -> tuple[int, int]:
+    calls = ns = 0
+    for key, (n, t) in ev.offenders.items():
+        if ev.roles.get(key) == role:
+            calls += n
+            ns += t
+    return calls, ns
+
+
+def _quiet(ev: Any, stop_calls: int, t: dict[str, float]) -> tuple[bool, float | None]:
+    """Whether the syncs besides the stopping check stay under the thresholds; their median per step."""
+    if ev.per_step:
+        others = median([a - b for a, b in zip(ev.per_step, ev.stop_check_per_step)])
+        return others is not None and others < t["host_sync.per_step"], others
+    return ev.calls - stop_calls < t["host_sync.calls"], None
+
 
 def host_sync(c: _Context) -> Finding | None:
     s = c.ev.syncs
-    remedy = (
-        "Keep values on the device inside the step: avoid .item(), bool(tensor), int(tensor), .tolist(), "
-        ".cpu(), nonzero(), masked_select(), unique() and boolean-mask indexing; use torch.where or fixed-shape "
-        "masks; check stopping conditions every few steps; copy to the host with non_blocking=True into pinned "
-        "memory. gpuprobe's live sync audit (GPUPROBE_SYNC_AUDIT) names the component and source line."
-    )
     n_steps = len(c.steps)
     # Sync calls without any device work (a CPU model profiled on a GPU machine: the profiler's own
     # synchronize at its end) say nothing of the program: its operators that would sync are the evidence.
-    if s.calls and c.gpu_known:
-        per_step = median(s.per_step) if s.per_step else None
-        if per_step is not None:
-            if per_step < c.t["host_sync.per_step"]:
-                return None
-        elif s.calls < c.t["host_sync.calls"]:
+    gpu = bool(s.calls and c.gpu_known)
+    ev = s if gpu else c.ev.would_sync
+    if not gpu and (c.gpu_known or not ev.calls):
+        return None
+    stop_calls, stop_ns = _role_totals(ev, STOP_CHECK)
+    quiet, others = _quiet(ev, stop_calls, c.t)
+    if quiet:
+        if not stop_calls:
             return None
-        share = s.blocked_ns / c.step_ns_total if c.step_ns_total else None
-        severity = "critical" if share is not None and share >= c.t["host_sync.critical_share"] else "warning"
-        where = f" ({per_step:g} per step)" if per_step is not None else ""
+        stop_per_step = median(ev.stop_check_per_step) if ev.stop_check_per_step else None
+        return _stop_check_finding(stop_calls, stop_per_step, stop_ns, would=not gpu)
+    per_step = median(ev.per_step) if ev.per_step else None
+    where = f" ({per_step:g} per step)" if per_step is not None else ""
+    remedy = _sync_remedy(ev.roles, stop_calls)
+    if not gpu:
         return _finding(
             "host_sync",
-            severity,
-            f"The host waits for the GPU: {s.calls:,} synchronizing calls{where}, {s.blocked_ns / 1e6:.3f} ms blocked",
-            s.blocked_ns,
+            "warning",
+            f"{ev.calls:,} operators would synchronize the host on a GPU{where} (a CPU trace: none did here)",
+            ev.blocked_ns,
             remedy,
-            calls=s.calls,
-            per_step=per_step,
-            blocked_ns=s.blocked_ns,
-            blocked_share_of_steps=share,
-            by_api=dict(sorted(s.by_api.items(), key=lambda kv: (-kv[1], kv[0]))),
-            gpu_side_records=c.ev.gpu_sync_records,
-            gpu_side_ns=c.ev.gpu_sync_ns,
-            top_offenders=_offenders(s.offenders, n_steps),
+            calls=0,
+            per_step=None,
+            blocked_ns=0,
+            would_sync_on_gpu={
+                "count": ev.calls,
+                "per_step": per_step,
+                "per_step_besides_stop_check": others,
+                "stop_check_calls": stop_calls,
+                "cpu_ns": ev.blocked_ns,
+                "by_op": dict(sorted(ev.by_api.items(), key=lambda kv: (-kv[1], kv[0]))),
+                "top_offenders": _offenders(ev.offenders, n_steps, ev.roles),
+            },
         )
-    w = c.ev.would_sync
-    if c.gpu_known or not w.calls:
-        return None
-    per_step = median(w.per_step) if w.per_step else None
-    if per_step is not None:
-        if per_step < c.t["host_sync.per_step"]:
-            return None
-    elif w.calls < c.t["host_sync.calls"]:
-        return None
-    where = f" ({per_step:g} per step)" if per_step is not None else ""
+    share = s.blocked_ns / c.step_ns_total if c.step_ns_total else None
+    whole = c.step_ns_total or c.report.summary.span_ns
+    idle_share = s.gpu_idle_ns / whole if whole else None
+    # critical: a pattern of the steps (not a one-off wait at the window's start) in which the host
+    # waits for this trace's own GPU work, a large share of the step
+    own_work = s.gpu_idle_ns * 2 < s.blocked_ns
+    repeated = n_steps >= c.t["host_sync.critical_steps"]
+    severity = (
+        "critical"
+        if repeated and own_work and share is not None and share >= c.t["host_sync.critical_share"]
+        else "warning"
+    )
+    if not own_work and s.gpu_idle_ns >= _UNEXPLAINED_WAIT_NS:
+        title = (
+            f"The host blocks in synchronizing calls while the GPU idles: {s.calls:,} calls{where}, "
+            f"{s.blocked_ns / 1e6:.3f} ms blocked, {s.gpu_idle_ns / 1e6:.3f} ms of it with no GPU work running "
+            "(the wait is for something this trace does not show: another device, process or untraced work)"
+        )
+    else:
+        title = (
+            f"The host waits for the GPU: {s.calls:,} synchronizing calls{where}, {s.blocked_ns / 1e6:.3f} ms "
+            f"blocked ({s.gpu_idle_ns / 1e6:.3f} ms of it with the GPU idle)"
+        )
     return _finding(
         "host_sync",
-        "warning",
-        f"{w.calls:,} operators would synchronize the host on a GPU{where} (a CPU trace: none did here)",
-        w.blocked_ns,
+        severity,
+        title,
+        s.blocked_ns,
         remedy,
-        calls=0,
-        per_step=None,
-        blocked_ns=0,
-        would_sync_on_gpu={
-            "count": w.calls,
-            "per_step": per_step,
-            "cpu_ns": w.blocked_ns,
-            "by_op": dict(sorted(w.by_api.items(), key=lambda kv: (-kv[1], kv[0]))),
-            "top_offenders": _offenders(w.offenders, n_steps),
-        },
+        calls=s.calls,
+        per_step=per_step,
+        per_step_besides_stop_check=others,
+        stop_check_calls=stop_calls,
+        blocked_ns=s.blocked_ns,
+        blocked_share_of_steps=share,
+        gpu_idle_in_sync_ns=s.gpu_idle_ns,
+        gpu_idle_in_sync_share=idle_share,
+        by_api=dict(sorted(s.by_api.items(), key=lambda kv: (-kv[1], kv[0]))),
+        gpu_side_records=c.ev.gpu_sync_records,
+        gpu_side_ns=c.ev.gpu_sync_ns,
+        top_offenders=_offenders(s.offenders, n_steps, s.roles),
     )
 
 
@@ -236,6 +364,69 @@ def pageable_memcpy(c: _Context) -> Finding | None:
     )
 
 
+_LAUNCH_REMEDY = (
+    "Cut the launches: CUDA graphs (torch.compile(mode='reduce-overhead'), or generate() with "
+    "cache_implementation='static' and a compile config), fuse small operations (torch.compile), "
+    "batch more sequences per step."
+)
+#: What to do about launches outside the graphs, by where they come from (first match of the place).
+_OUTSIDE_GRAPH_REMEDIES: tuple[tuple[str, str], ...] = (
+    (
+        GENERATE_LOOP,
+        "generate's own loop (token selection, the token append, the unfinished-sequence update, the stopping "
+        "check) runs eagerly every step: compile the decode step with its token selection (a function doing "
+        "forward + argmax or sampling under torch.compile), or decode several tokens per host round trip",
+    ),
+    (
+        "stopping_criteria",
+        "the stopping criteria launch work every step: keep only those the request needs (an eos check and a "
+        "length limit cost a few launches each)",
+    ),
+    (
+        "forward",
+        "the forward launches work outside its graph: input copies into the graph's static buffers and "
+        "operations that broke the graph (TORCH_LOGS=graph_breaks names them)",
+    ),
+    (
+        "streamer",
+        "the streamer copies each token to the host: stream less often, or not at all when timing",
+    ),
+)
+_PROCESSOR_REMEDY = (
+    "the logits processors run eagerly on the host path: drop those that do nothing for this request (a "
+    "min-length processor with no minimum, a temperature of 1), or move them and do_sample's softmax and "
+    "multinomial into the compiled step (torch.compile of the sampling step)"
+)
+
+
+def _outside_graph_remedy(places: list[str], profiler: bool, cpu_ops: float | None) -> str:
+    parts = []
+    for place in places:
+        for prefix, text in _OUTSIDE_GRAPH_REMEDIES:
+            if place == prefix or place.startswith(prefix + "/"):
+                parts.append(text)
+                break
+        else:
+            if place != "(no range)":
+                parts.append(_PROCESSOR_REMEDY if _is_processor(place, place.rsplit("/", 1)[-1]) else
+                             f"{place} launches work every step outside the graphs: fold it into the compiled step")
+    sentences = ["The step already replays CUDA graphs; what remains is the work launched outside them."]
+    if parts:
+        sentences.append("; ".join(dict.fromkeys(parts)) + ".")
+    if profiler:
+        sentences.append(_profiler_note(cpu_ops))
+    return " ".join(sentences)
+
+
+def _profiler_note(cpu_ops: float | None) -> str:
+    count = f" ({cpu_ops:g} operators per step here)" if cpu_ops is not None else ""
+    return (
+        "The window was recorded under torch.profiler, whose bookkeeping adds host time to every operator it "
+        f"records{count}: part of the host gaps is the profiler's own, so the GPU is less idle without it; "
+        "compare the step times gpuprobe measures without a profile window."
+    )
+
+
 def launch_bound(c: _Context) -> Finding | None:
     idle = c.ev.idle
     if idle is None or not idle.rows:
@@ -260,17 +451,7 @@ def launch_bound(c: _Context) -> Finding | None:
     la = c.report.launches
     severity = "critical" if busy_share < c.t["launch_bound.critical_busy_share"] else "warning"
     scope = "per step" if c.steps else "over the trace"
-    finding = _finding(
-        "launch_bound",
-        severity,
-        f"Launch-bound: the GPU is busy {busy_share * 100:.0f} % of the time {scope}; it mostly waits for "
-        f"the host to launch ({kernels:g} kernels per step)"
-        if c.steps
-        else f"Launch-bound: the GPU is busy {busy_share * 100:.0f} % of the time; it mostly waits for the host to launch",
-        idle.idle_launch_ns,
-        "Cut the launches: CUDA graphs (torch.compile(mode='reduce-overhead'), or generate() with "
-        "cache_implementation='static' and a compile config), fuse small operations (torch.compile), "
-        "batch more sequences per step.",
+    evidence: dict[str, Any] = dict(
         gpu_busy_share=busy_share,
         kernels_per_step=kernels if c.steps else None,
         mean_kernel_ns=median_kernel,
@@ -281,6 +462,57 @@ def launch_bound(c: _Context) -> Finding | None:
         idle_other_ns=idle.idle_other_ns,
         idle_launch_share=launch_share,
     )
+    if c.ev.profiler:
+        evidence["profiler"] = {"recorded_with": "torch.profiler", "cpu_ops_per_step": c.ev.cpu_ops_per_step}
+    launches = sum(r.launches for r in c.steps) if c.steps else c.report.summary.launch_count
+    gap = idle.idle_launch_ns / launches if launches else None
+    evidence["host_gap_per_launch_ns"] = round(gap) if gap is not None else None
+    eager = c.ev.eager
+    if gap is not None and gap > c.t["launch_bound.host_gap_ns"]:
+        # far more host time per launch than a launch costs: the host does other work between them
+        finding = _finding(
+            "launch_bound",
+            "warning",
+            f"Host-bound: the GPU is busy {busy_share * 100:.0f} % of the time {scope}; between launches the host "
+            f"works {gap / 1e3:.0f} µs per launch, far more than a launch costs",
+            idle.idle_launch_ns,
+            "Find what the host does between launches: Python, data loading, tokenization, logging "
+            "(profile with with_stack=True, or py-spy); move it off the step's path (DataLoader workers, "
+            "pinned prefetch). CUDA graphs help only once launching is what the host spends its time on."
+            + (" " + _profiler_note(c.ev.cpu_ops_per_step) if c.ev.profiler else ""),
+            **evidence,
+        )
+        return finding  # not launch-bound: cuda_graphs and small_kernels do not build on it
+    if eager is not None:  # graph replays in the steps: the launches outside them are the evidence
+        n_steps = max(1, len(eager.per_step))
+        outside = median(eager.per_step) or 0
+        graph_share = eager.node_kernel_ns / eager.kernel_ns if eager.kernel_ns else 0.0
+        if graph_share >= c.t["launch_bound.graph_share"]:
+            severity = "warning"
+        places = sorted(eager.by_place.items(), key=lambda kv: (-kv[1], kv[0]))
+        by_place = {p: round(n / n_steps, 2) for p, n in places}
+        top = ", ".join(f"{p} {v:g}" for p, v in list(by_place.items())[:4])
+        evidence.update(
+            graph_replays_per_step=median(c.ev.graph_launches_per_step),
+            launches_outside_graphs_per_step=outside,
+            outside_graphs_by_place_per_step=by_place,
+            graph_kernel_share=graph_share,
+        )
+        title = (
+            f"Launch-bound outside the CUDA graphs: the GPU is busy {busy_share * 100:.0f} % of the time {scope}; "
+            f"{outside:g} launches per step run outside the graph replays ({top})"
+        )
+        remedy = _outside_graph_remedy([p for p, _ in places[:4]], c.ev.profiler, c.ev.cpu_ops_per_step)
+    else:
+        title = (
+            f"Launch-bound: the GPU is busy {busy_share * 100:.0f} % of the time {scope}; it mostly waits for "
+            f"the host to launch ({kernels:g} kernels per step)"
+            if c.steps
+            else f"Launch-bound: the GPU is busy {busy_share * 100:.0f} % of the time; it mostly waits for the host "
+            "to launch"
+        )
+        remedy = _LAUNCH_REMEDY + (" " + _profiler_note(c.ev.cpu_ops_per_step) if c.ev.profiler else "")
+    finding = _finding("launch_bound", severity, title, idle.idle_launch_ns, remedy, **evidence)
     c.launch_bound = finding
     return finding
 
@@ -389,7 +621,67 @@ def _quarters(values: list[int]) -> tuple[float, float]:
 
 def kv_cache_concat(c: _Context) -> Finding | None:
     cc = c.ev.concat
-    if cc is None or len(cc.steps) < max(2, c.t["kv_cache_concat.min_steps"]):
+    if cc is None or not cc.steps:
+        return None
+    return _concat_growth(c, cc) or _concat_per_step(c, cc)
+
+
+_STATIC_CACHE_REMEDY = (
+    "Use a static, preallocated cache: generate(..., cache_implementation='static') (or a StaticCache), "
+    "which writes new keys and values in place (index_copy_) instead of concatenating the whole cache every "
+    "step; its fixed shapes also let the step be captured in a CUDA graph (torch.compile(mode='reduce-overhead'))."
+)
+
+
+def _concat_per_step(c: _Context, cc: Any) -> Finding | None:
+    """A dynamic cache's concatenations, step by step: as many per layer as keys and values, no in-place writes."""
+    per_step = median(cc.count) or 0
+    in_place = median(cc.in_place) or 0
+    layers = median(cc.layers) if cc.layers else None
+    base = sum(cc.base_ns)
+    share = sum(cc.ns) / base if base else 0.0
+    need = c.t["kv_cache_concat.per_layer"] * (layers or 1)
+    if in_place or not per_step or per_step < max(need, 2):
+        return None
+    severity = "warning"
+    if share < c.t["kv_cache_concat.step_share"]:
+        if cc.source == "kernels":
+            return None
+        # a CPU trace: the pattern is there, what it costs on a GPU is not in the trace
+        severity = "info"
+    per_layer = per_step / layers if layers else None
+    what = "concatenation kernels" if cc.source == "kernels" else "aten::cat operators"
+    of = "kernel time" if cc.source == "kernels" else "step time"
+    where = " in the forward" if cc.in_forward else ""
+    layer_text = (
+        f" ({per_layer:.2g} per layer over {layers:g} layers; a dynamic cache's keys and values are 2 of them)"
+        if per_layer is not None
+        else ""
+    )
+    return _finding(
+        "kv_cache_concat",
+        severity,
+        f"Dynamic KV cache: {per_step:g} {what} per decode step{where}{layer_text}, {share * 100:.1f} % of {of}; "
+        "no in-place cache writes",
+        sum(cc.ns),
+        _STATIC_CACHE_REMEDY,
+        source=cc.source,
+        basis="per_step",
+        decode_steps=len(cc.steps),
+        per_step=per_step,
+        layers=layers,
+        per_layer=per_layer,
+        in_forward=cc.in_forward,
+        in_place_writes_per_step=in_place,
+        time_ns=sum(cc.ns),
+        time_per_step_ns=round(sum(cc.ns) / len(cc.steps)),
+        share=share,
+        share_of=of,
+    )
+
+
+def _concat_growth(c: _Context, cc: Any) -> Finding | None:
+    if len(cc.steps) < max(2, c.t["kv_cache_concat.min_steps"]):
         return None
     first_ns, last_ns = _quarters(cc.ns)
     first_n, last_n = _quarters(cc.count)
@@ -419,8 +711,7 @@ def kv_cache_concat(c: _Context) -> Finding | None:
         f"Concatenation grows with the sequence: {what} concatenate {growth:.1f}x more {size} per step at the "
         f"end than at the start ({share * 100:.1f} % of step time) — a dynamic KV cache",
         extra,
-        "Use a static, preallocated cache: generate(..., cache_implementation='static') (or a StaticCache), "
-        "which writes new keys and values in place instead of concatenating the whole cache every step.",
+        _STATIC_CACHE_REMEDY,
         source=cc.source,
         basis=basis,
         growth=growth,
@@ -454,16 +745,30 @@ def cuda_graphs(c: _Context) -> Finding | None:
                 per_step=per_step,
                 node_ops=0,
             )
+        outside = median(ev.eager.per_step) if ev.eager is not None else None
+        title = f"CUDA graphs replayed {ev.graph_launches:,} times" + (
+            f" ({per_step:g} per step)" if per_step is not None else ""
+        )
+        remedy = "Nothing to do for the replays: each launches its captured kernels at once."
+        if outside:
+            title += f"; {outside:g} launches per step run outside them"
+            remedy += (
+                " The launches outside them are what the host still pays per step"
+                + (": see launch_bound." if c.launch_bound is not None else ".")
+            )
         return _finding(
             "cuda_graphs",
             "info",
-            f"CUDA graphs replayed {ev.graph_launches:,} times"
-            + (f" ({per_step:g} per step)" if per_step is not None else ""),
+            title,
             0,
-            "Nothing to do: graph replays launch a whole step at once.",
+            remedy,
             graph_launches=ev.graph_launches,
             per_step=per_step,
             node_ops=ev.graph_node_ops,
+            launches_outside_graphs_per_step=outside,
+            graph_kernel_share=ev.eager.node_kernel_ns / ev.eager.kernel_ns
+            if ev.eager is not None and ev.eager.kernel_ns
+            else None,
         )
     if c.launch_bound is not None:
         return _finding(

@@ -141,6 +141,7 @@ def _offender_lines(evidence: dict[str, Any]) -> list[str]:
     return [
         f"     {r['calls']:,} x {r['operator']} in {r['range']}"
         + (f" ({r['per_step']:g} per step)" if r.get("per_step") is not None else "")
+        + (f": {r.get('function') or r['role'].replace('_', ' ')}" if r.get("role") else "")
         for r in rows
     ]
 
@@ -583,9 +584,26 @@ def _rank_tables(rk: Any) -> list[_Table]:
     return tables
 
 
+def _verdict_table(d: DiffReport) -> _Table:
+    """The verdict first: per-step medians of A and B, their spreads, and the judgement of each."""
+    cols = [
+        _Column(header="figure", key="figure", unit=_Unit.NAME),
+        _Column(header="metric", key="metric"),
+        _Column(header="A median", key="a", unit=_Unit.BY_METRIC),
+        _Column(header="B median", key="b", unit=_Unit.BY_METRIC),
+        _Column(header="A p10-p90", key="a_spread", unit=_Unit.BY_METRIC),
+        _Column(header="B p10-p90", key="b_spread", unit=_Unit.BY_METRIC),
+        _Column(header="change", key="change", unit=_Unit.SHARE),
+        _Column(header="judgement", key="judgement"),
+    ]
+    title = f"Verdict: {d.verdict}"
+    return _Table(section="verdict", title=title, columns=cols, rows=d.verdict_rows)
+
+
 def _diff_tables(d: DiffReport, markdown: bool = False) -> list[_Table]:
     unit_word = {"step": "per step", "token": "per token", "none": "in all"}[d.normalize]
-    tables = [_findings_table(d.findings, markdown)] if d.findings is not None else []
+    tables = [_verdict_table(d)]
+    tables += [_findings_table(d.findings, markdown)] if d.findings is not None else []
     tables += [
         _Table(
             section="summary",

@@ -4,6 +4,7 @@ figures are computed from the raw events of each trace."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,22 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]
     reset()
 
 
+@pytest.fixture(scope="module")
+def cache_experiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """The static- vs dynamic-cache experiment on CPU: a 4-layer Llama, a 32-token prompt, 8 decode
+    steps in the window; one run with the dynamic cache, one with cache_implementation='static'."""
+    from gpuprobe.testing import reset
+
+    folder = tmp_path_factory.mktemp("cache")
+    common = dict(hidden=64, layers=4, heads=4, attn="sdpa", prompt=32, new=10, processors=[], steps="1-8")
+    out = {
+        "dynamic": _record(folder / "dynamic.json", **common),
+        "static": _record(folder / "static.json", **common, cache_implementation="static"),
+    }
+    yield out
+    reset()
+
+
 def _events(path: Path) -> list[dict[str, Any]]:
     return [e for e in read_trace(path)["traceEvents"] if e.get("ph") == "X"]
 
@@ -141,12 +158,22 @@ def test_eager_attention_on_a_recorded_trace(traces: dict[str, Path]) -> None:
     assert "attention_impl" not in {f.id for f in analyze(traces["dynamic"]).findings}  # sdpa
 
 
+def _steps(ev: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted((e for e in ev if e["cat"] == "user_annotation" and e["name"].startswith("gpuprobe.step")),
+                  key=lambda e: e["ts"])
+
+
+def _in_forward(ev: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """The operators of a name inside the model's ``forward`` ranges (not generate's loop)."""
+    forwards = [e for e in ev if e["cat"] == "user_annotation" and e["name"] == "forward"]
+    return [e for e in ev if e["cat"] == "cpu_op" and e["name"] == name and any(_inside(e, f) for f in forwards)]
+
+
 def _cat_elements_per_step(path: Path) -> list[int]:
-    """Elements concatenated per step, from the recorded input shapes of aten::cat."""
+    """Elements the model concatenates per step, from the recorded input shapes of aten::cat."""
     ev = _events(path)
-    steps = sorted((e for e in ev if e["cat"] == "user_annotation" and e["name"].startswith("gpuprobe.step")),
-                   key=lambda e: e["ts"])
-    cats = [e for e in ev if e["cat"] == "cpu_op" and e["name"] == "aten::cat"]
+    steps = _steps(ev)
+    cats = _in_forward(ev, "aten::cat")
 
     def elements(e: dict[str, Any]) -> int:
         total = 0
@@ -210,3 +237,64 @@ def test_flops_achieved_on_a_cpu_trace(traces: dict[str, Path]) -> None:
     assert section.clock == "cpu" and section.total_flops == sum(expected.values())
     gemm = sum(count for name, count in expected.items() if name in ("aten::mm", "aten::addmm", "aten::bmm"))
     assert next(c for c in section.categories if c.category == "gemm").flops == gemm
+
+
+def test_cache_experiment_dynamic_cache_concatenates_per_layer_and_step(cache_experiment: dict[str, Path]) -> None:
+    ev = _events(cache_experiment["dynamic"])
+    decode = _steps(ev)[1:]  # the window's first step counts as the prefill
+    cats = _in_forward(ev, "aten::cat")
+    sdpa = [e for e in ev if e["cat"] == "cpu_op" and e["name"] == "aten::scaled_dot_product_attention"]
+    per_step = [sum(_inside(c, s) for c in cats) for s in decode]
+    layers = [sum(_inside(a, s) for a in sdpa) for s in decode]
+    cat_ns = sum(to_ns(c["dur"]) for c in cats if any(_inside(c, s) for s in decode))
+    step_ns = sum(to_ns(s["dur"]) for s in decode)
+    # the share is timing (CPU time of the operators); the counts are not: a share threshold of 0
+    lenient = {"kv_cache_concat.step_share": 0}
+    f = {f.id: f for f in analyze(cache_experiment["dynamic"], thresholds=lenient).findings}["kv_cache_concat"]
+    assert (f.evidence["source"], f.evidence["basis"], f.evidence["in_forward"]) == ("cpu_ops", "per_step", True)
+    assert f.evidence["per_step"] == statistics.median(per_step)
+    assert f.evidence["layers"] == statistics.median(layers) == 4
+    # per layer: keys and values (the cache) and q and k (rotate_half), plus the rotary embedding once
+    assert statistics.median(per_step) == 4 * 4 + 1
+    assert f.evidence["share"] == pytest.approx(cat_ns / step_ns)
+    # at the default share threshold: a warning from 2 % of step time, below it an info (a CPU trace
+    # shows the pattern, not what it costs on a GPU)
+    default = {f.id: f for f in analyze(cache_experiment["dynamic"]).findings}["kv_cache_concat"]
+    assert default.severity == ("warning" if cat_ns / step_ns >= 0.02 else "info")
+
+
+def test_cache_experiment_static_cache_writes_in_place(cache_experiment: dict[str, Path]) -> None:
+    ev = _events(cache_experiment["static"])
+    decode = _steps(ev)[1:]
+    writes = _in_forward(ev, "aten::index_copy_")
+    assert [sum(_inside(w, s) for w in writes) for s in decode] == [2 * 4] * len(decode)  # keys, values per layer
+    lenient = {"kv_cache_concat.step_share": 0}
+    assert "kv_cache_concat" not in {f.id for f in analyze(cache_experiment["static"], thresholds=lenient).findings}
+
+
+def test_cache_experiment_stopping_check_is_expected(cache_experiment: dict[str, Path]) -> None:
+    ev = _events(cache_experiment["dynamic"])
+    steps = _steps(ev)
+    ranges = [e for e in ev if e["cat"] == "user_annotation" and not e["name"].startswith("gpuprobe.step")]
+    checks = [e for e in ev if e["cat"] == "cpu_op" and e["name"] == "aten::is_nonzero"
+              and any(_inside(e, s) for s in steps) and not any(_inside(e, r) for r in ranges)]
+    assert len(checks) == len(steps)  # bool(unfinished_sequences.max() == 0), between the components
+    f = {f.id: f for f in analyze(cache_experiment["dynamic"]).findings}["host_sync"]
+    assert f.severity == "info" and f.evidence["stop_check"]["calls"] == len(checks)
+    assert f.evidence["stop_check"]["where"] == "the generate loop"
+
+
+def test_cache_experiment_diff_verdict_from_the_steps(cache_experiment: dict[str, Path]) -> None:
+    from gpuprobe.report import diff
+
+    medians = {}
+    for name in ("dynamic", "static"):
+        durations = sorted(to_ns(s["dur"]) for s in _steps(_events(cache_experiment[name])))
+        half = len(durations) // 2  # an even count: the mean of the middle two, rounded down
+        medians[name] = (durations[half - 1] + durations[half]) // 2 if len(durations) % 2 == 0 else durations[half]
+    d = diff(cache_experiment["dynamic"], cache_experiment["static"])
+    row = next(r for r in d.verdict_rows if r.figure == "CPU time per step")
+    # within 1 ns: the mean of two durations, each read from µs with three decimals
+    assert row.a == pytest.approx(medians["dynamic"], abs=1) and row.b == pytest.approx(medians["static"], abs=1)
+    assert d.findings[0].id == "verdict" and d.verdict in ("better", "worse", "mixed", "unchanged")
+    assert d.verdict == {"better": "better", "worse": "worse", "same": "unchanged"}[row.judgement]

@@ -175,7 +175,8 @@ def test_cli_directory_by_rank_and_diff_of_directories(tmp_path: Path, capsys: p
     assert main_report([str(DLRM / "rank-0.json.gz"), "--by-rank"]) == EXIT_BAD_INPUT
     assert "--by-rank needs several traces" in capsys.readouterr().err
     d = diff(DLRM, DLRM, jobs=2)
-    assert all(r.delta == 0 for r in d.categories) and not d.findings
+    assert all(r.delta == 0 for r in d.categories) and d.verdict == "unchanged"
+    assert [f.id for f in d.findings] == ["verdict"]  # the verdict, and nothing else
     assert main_diff([str(DLRM), str(DLRM / "rank-1.json.gz"), "--jobs", "2", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["b_path"].endswith("rank-1.json.gz")
 
