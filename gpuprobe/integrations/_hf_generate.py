@@ -246,7 +246,8 @@ class ModelState:
         self._hook_users = 0
         self._hooks: list[Any] = []
         # Where the layers' parameters are is read again at the first sampled step of each call: a model
-        # is not moved while it generates (why not at every sampled step: ~5 Python calls per layer).
+        # is not moved while it generates. Why not at every sampled step: ~22 Python calls per layer
+        # (+19.6 -> +14.1 Python calls per greedy step with layers every 8, benchmarks/step_calls.py).
         self.layers_moved = True
         self.generate_message = f"generate {name}"
         self.utilization = Utilization(model, rt, name)  # measured once (MBU, MFU)
@@ -503,7 +504,8 @@ class ModelState:
         clock = ctx.clock
         if clock is not None:
             # Why resume: the previous step's end event, recorded just now, starts this step: one event
-            # record per decode step instead of two (a record costs ~3 us on an H200's host side).
+            # record per decode step instead of two (on an H200 two records and an NVTX range cost 8.9 us
+            # of host time per call, docs/gpu.md).
             ctx.dev_tok = clock.start(ctx.device) if boundary is None else clock.resume(boundary, ctx.device)
         else:
             ctx.dev_tok = None
@@ -621,7 +623,7 @@ class ModelState:
         if not decode and ctx.call_tok is not None:  # device TTFT: the call's start event → after token 0
             call_tok, ctx.call_tok = ctx.call_tok, None
             if pending is not None and pending[0] is call_tok[0]:
-                # Why shared: step 0's end event is the moment TTFT ends; a second record would cost ~3 us.
+                # Why shared: step 0's end event is the moment TTFT ends; another record is host time for nothing.
                 pending[0].share(pending[2])
                 append((self.rt.pending.apply, (self.ttft_dev, (pending[0], call_tok[1], pending[2]))))
             else:
