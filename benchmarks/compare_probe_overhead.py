@@ -9,8 +9,15 @@ goals are checked on. ``GPUPROBE_DISABLE=1`` is read at import, so the disabled-
 their own interpreters.
 
 With ``--cuda sim`` both trees run on the simulated CUDA of this tree (``gpuprobe.testing.simcuda``),
-installed and initialized before either is imported, so every enabled call records a pair of device
-events; no GPU work is queued, so each event is complete once recorded and the pools never run dry.
+installed and initialized before either is imported, so an enabled call with a device span records a
+pair of device events; no GPU work is queued, so each event is complete once recorded and the pools
+never run dry. Two more rows then: what a hand-written NVTX range with two ``torch.cuda.Event``
+records adds (``nvtx.push_range``, two events made once and recorded around the call, never read), and
+a probe that takes a device span on every call (``device_every=1`` where the tree has it). The device
+span's cost is given as a ratio of what each adds over a bare call, per round: ``(probe - bare) /
+(hand-written - bare)``, with its interquartile range. On the simulation an event record is Python
+code of the simulation, so the ratio says how gpuprobe's own work compares; real-GPU figures are
+measured on a GPU (``tests/cuda``, ``docs/gpu.md``).
 
 Usage::
 
@@ -31,6 +38,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import git_archive, quartiles, write_section  # noqa: E402
 
 CHILD = r"""
 import json, statistics, sys, time
@@ -60,6 +69,23 @@ for tree, pkg in (("this tree", gpuprobe), ("baseline", gpuprobe_baseline)):
         with block:
             return None
     rows[(tree, "with probe() block")] = with_block
+    if cuda == "sim":
+        try:
+            every = pkg.probe("every_call", device_every=1)
+        except TypeError:  # a tree without device sampling: every call takes a span
+            every = pkg.probe("every_call")
+        rows[(tree, "@probe, a device span every call")] = every(bare)
+        import nvtx, torch
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        def hand_written(push=nvtx.push_range, pop=nvtx.pop_range, start=start, end=end):
+            push("hand", domain="bench")
+            start.record()
+            try:
+                return bare()
+            finally:
+                end.record()
+                pop(domain="bench")
+        rows[(tree, "hand-written NVTX + 2 events")] = hand_written
 
 def run(fn, n):
     pc = time.perf_counter_ns
@@ -86,8 +112,7 @@ print(json.dumps({"samples": [[t, r, v] for (t, r), v in samples.items()],
 
 def extract(rev: str, into: Path) -> Path:
     """``gpuprobe`` at ``rev``, as the package ``gpuprobe_baseline`` under ``into``."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "gpuprobe"], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    git_archive(rev, into, "gpuprobe")
     package = into / "gpuprobe_baseline"
     (into / "gpuprobe").rename(package)
     absolute = re.compile(r"\b(from|import) gpuprobe\b")
@@ -107,11 +132,6 @@ def child(base: Path, mode: str, calls: int, rounds: int, cuda: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return q[0], statistics.median(values), q[2]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", default="HEAD", help="the baseline revision (default: %(default)s)")
@@ -119,11 +139,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds in each interpreter")
     ap.add_argument("--calls", type=int, default=50_000, help="calls per row and round")
     ap.add_argument("--cuda", choices=("none", "sim"), default="none")
-    ap.add_argument("--write", type=Path, help="also append the table (Markdown) to this file")
+    ap.add_argument("--write", type=Path, help="also put the table (Markdown) in this file, in its own section")
     args = ap.parse_args()
 
     times: dict[tuple[str, str], list[float]] = {}
     ratios: dict[str, list[float]] = {}
+    added: dict[tuple[str, str], list[float]] = {}  # (tree, row) -> per round: (row - bare) / (hand - bare)
     timing: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="gpuprobe-baseline-") as tmp:
         base = extract(args.against, Path(tmp))
@@ -138,6 +159,11 @@ def main() -> int:
                     if tree == "this tree":
                         old = per[("baseline", row)]
                         ratios.setdefault(name, []).extend(n / o for n, o in zip(values, old))
+                    hand = per.get((tree, "hand-written NVTX + 2 events"))
+                    if hand is not None and row.startswith("@probe"):
+                        bare_values = per[(tree, "bare call")]
+                        added.setdefault((tree, row), []).extend(
+                            (v - b) / (h - b) for v, b, h in zip(values, bare_values, hand))
     lines = [f"| what | {args.against} ns | this tree ns | ratio this / {args.against} (median, IQR) |",
              "|---|---:|---:|---:|"]
     med: dict[str, tuple[float, float]] = {}
@@ -153,6 +179,19 @@ def main() -> int:
         ("runtime-disabled <= bare + 100 ns", med["@probe runtime-disabled"][1] <= bare + 100),
         (f"enabled not slower than {args.against} (median ratio <= 1.05)", enabled_ratio[1] <= 1.05),
     ]
+    if args.cuda == "sim":
+        lines += ["", "| tree | what | added over bare / added by hand-written NVTX + 2 events (median, IQR) |",
+                  "|---|---|---:|"]
+        for tree, label in (("baseline", args.against), ("this tree", "this tree")):
+            for row in ("@probe enabled", "@probe, a device span every call"):
+                lo, mid, hi = quartiles(added[(tree, row)])
+                lines.append(f"| {label} | {row} | {mid:.3f} ({lo:.3f}–{hi:.3f}) |")
+        span = quartiles(added[("this tree", "@probe, a device span every call")])[1]
+        default = quartiles(added[("this tree", "@probe enabled")])[1]
+        goals.append(("a hot probe, default device sampling, adds <= 0.6x hand-written NVTX + 2 events "
+                      "(simulated CUDA)", default <= 0.6))
+        goals.append(("a device span every call adds <= 0.6x hand-written NVTX + 2 events (simulated CUDA)",
+                      span <= 0.6))
     lines += ["", "| goal | met |", "|---|---|"] + [f"| {g} | {'yes' if ok else 'NO'} |" for g, ok in goals]
     lines += ["", f"device timing: {args.against}: {timing.get('baseline')}; this tree: {timing.get('this tree')} "
               f"(CUDA: {args.cuda})",
@@ -161,10 +200,9 @@ def main() -> int:
     table = "\n".join(lines)
     print(table)
     if args.write:
-        header = (f"## this tree against {args.against}, CUDA: {args.cuda}\n\nGenerated by "
-                  f"`python benchmarks/compare_probe_overhead.py --against {args.against} --cuda {args.cuda}`.\n\n")
-        with open(args.write, "a", encoding="utf-8") as f:
-            f.write(header + table + "\n\n")
+        write_section(args.write, f"this tree against {args.against}, CUDA: {args.cuda}",
+                      f"python benchmarks/compare_probe_overhead.py --against {args.against} --cuda {args.cuda} "
+                      f"--processes {args.processes} --rounds {args.rounds} --calls {args.calls}", table)
     return 0 if all(ok for _, ok in goals) else 1
 
 

@@ -45,6 +45,7 @@ class CaptureGuard:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.underway = 0  # read without the lock on the hot path: a plain int load
+        self.begun = 0  # captures begun so far: a device span never starts at an event from before one
         self._graph_cls: Any = None
         self._patches: list[Patch] = []
         self._before: tuple[Callable[[], None], ...] = ()
@@ -74,6 +75,7 @@ class CaptureGuard:
                     pass
             with guard.lock:  # waits for a reading of device timings to finish
                 guard.underway += 1
+                guard.begun += 1
 
         def begin_after(token: None, result: Any, error: BaseException | None) -> None:
             if error is not None:  # the capture never began

@@ -34,7 +34,10 @@ class StepClock:
         # Why a counter and no lock: next() on itertools.count is one atomic C call under the GIL
         # (~40 ns against ~110 ns for a lock around `+= 1`), and it never hands out an index twice.
         self._counter = itertools.count()
-        self._index = -1
+        # Start a step when no hook is installed (a caller tests ``hooks`` first): the counter's own
+        # __next__, one C call. Why: a Python method call is 1 of the ~10 Python calls a decode step of
+        # an instrumented generate() adds (benchmarks/RESULTS-probe.md).
+        self.tick: Callable[[], int] = self._counter.__next__
         self.hooks: tuple[StepHook, ...] = ()  # read-only outside: use add_hook / remove_hook
         self._done_hooks: tuple[Callable[[], None], ...] = ()
         self._on_hook_error = on_hook_error
@@ -46,12 +49,12 @@ class StepClock:
     def index(self) -> int:
         """The index of the step that started last (-1 before the first; with several threads stepping
         at once, one of the latest)."""
-        return self._index
+        # itertools.count keeps its value in C; its repr, count(N), shows the index it hands out next.
+        return int(repr(self._counter)[6:-1]) - 1
 
     def advance(self) -> int:
         """Start the next step: count it, run the hooks; returns its index."""
         index = next(self._counter)
-        self._index = index
         for hook in self.hooks:
             try:
                 hook(index)
@@ -118,7 +121,7 @@ class StepClock:
         """Count from 0 again (hooks stay)."""
         with self._lock:
             self._counter = itertools.count()
-            self._index = -1
+            self.tick = self._counter.__next__
             self._traced = threading.local()  # indexes repeat from now: forget the marks
 
     def reset_after_fork(self) -> None:

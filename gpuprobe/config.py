@@ -66,6 +66,15 @@ def _positive_float(name: str, raw: Any) -> float:
     return value
 
 
+def _every_or_auto(name: str, raw: Any) -> int | str:
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _int(1)(name, raw)
+    except ConfigError:
+        raise ConfigError(f"{name} must be 'auto' or an integer >= 1, got {raw!r}") from None
+
+
 def _url(name: str, raw: Any) -> str:
     text = str(raw).strip()
     if not (text.startswith("http://") or text.startswith("https://")) or len(text) < 10:
@@ -346,6 +355,10 @@ class Config:
         "GPU health gauges from NVML (utilization, memory, SM clock, power, temperature, throttling; SM and "
         "tensor-core activity on GPUs with GPM) for every GPU the process can see, read on the background thread "
         "every `collect_interval`; needs `gpuprobe[nvml]` (docs/gpu.md)")
+    device_every: int | str = _setting(
+        "GPUPROBE_DEVICE_EVERY", _every_or_auto, "auto",
+        "probes take a device span (CUDA events) on one recorded call in N, host time on every call; auto: every "
+        "call until a probe takes over 1000 spans a second, then sampled to about that (see docs/gpu.md)")
 
 
 def _settings() -> dict[str, Setting]:

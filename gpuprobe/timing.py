@@ -23,6 +23,20 @@ Rules the clock keeps (each from CUDA's semantics, see ``docs/gpu.md``):
   be read), and events are read only when no capture is underway anywhere (:mod:`gpuprobe._capture`);
 - ``start``/``stop`` never raise into user code: a failure is counted in
   ``gpuprobe.telemetry.dropped`` and warned about once.
+
+Spans that follow each other at once share their boundary: :meth:`DeviceClock.split` records the end
+event of one span and keeps it as the start of the next (:meth:`DeviceClock.resume`), so a run of
+back-to-back spans (the decoding steps of one ``generate()`` call) costs one event record each, not
+two. The next span takes the boundary only if nothing can have come in between on the device: the
+same stream is current, no CUDA graph capture began since, none is underway; otherwise it records a
+fresh start. Who decides that nothing ran in between on the host is the caller (it resumes at once, or
+gives the boundary back with :meth:`DeviceClock.drop`).
+
+Ownership of pooled events: an event goes back to its pool when the last span holding it gives it
+back. A shared boundary is held twice (by the span it ends and by the one it starts, or by the
+boundary token until one is started): :meth:`EventPool.share` counts the extra holder, and
+:meth:`EventPool.release` gives an event back to the free list only when no holder is left, whichever
+of the two spans is read or discarded first.
 """
 
 from __future__ import annotations
@@ -56,7 +70,7 @@ class EventPool:
         True
     """
 
-    __slots__ = ("device", "_make", "_free", "_created", "_max", "_lock")
+    __slots__ = ("device", "_make", "_free", "_created", "_max", "_lock", "_holders")
 
     def __init__(self, device: int, make_event: Callable[[], Any], max_events: int = 4096) -> None:
         self.device = device
@@ -65,6 +79,7 @@ class EventPool:
         self._created = 0
         self._max = max_events
         self._lock = threading.Lock()
+        self._holders: dict[int, int] = {}  # id(event) -> holders besides the first (shared boundaries)
 
     def acquire(self) -> Any | None:
         """A free event, a new one while under the bound, else ``None``."""
@@ -78,14 +93,40 @@ class EventPool:
             self._created += 1
         return self._make()
 
+    def share(self, event: Any) -> None:
+        """``event`` (held, just recorded) gets one more holder: it is freed after one more release."""
+        with self._lock:
+            key = id(event)
+            self._holders[key] = self._holders.get(key, 0) + 1
+
     def release(self, *events: Any) -> None:
-        """Give events back."""
-        self._free.extend(events)
+        """Give events back: each is free again once every holder has released it (see :meth:`share`)."""
+        # Why the test without the lock: an event is shared by the thread that just recorded it, before
+        # any other thread can hold it, so an event released here without holders cannot gain one now.
+        if not self._holders:
+            self._free.extend(events)
+            return
+        with self._lock:
+            holders = self._holders
+            for event in events:
+                key = id(event)
+                n = holders.get(key)
+                if n is None:
+                    self._free.append(event)
+                elif n > 1:
+                    holders[key] = n - 1
+                else:
+                    del holders[key]
 
     @property
     def in_flight(self) -> int:
         """Events handed out and not yet given back."""
         return self._created - len(self._free)
+
+    @property
+    def shared(self) -> int:
+        """Events held by more than one span now."""
+        return len(self._holders)
 
 
 class DeviceClock:
@@ -167,6 +208,11 @@ class DeviceClock:
 
     def stop(self, token: tuple[EventPool, Any]) -> tuple[EventPool, Any, Any] | None:
         """Record the end event on the start event's device; returns a pending token for :meth:`poll`."""
+        ended = self._end(token)
+        return None if ended is None else ended[0]
+
+    def _end(self, token: tuple[EventPool, Any]) -> tuple[tuple[EventPool, Any, Any], Any] | None:
+        """Record the end event of ``token``'s span: ``(pending token, stream recorded on)``, or None."""
         pool, start = token
         try:
             if self._capture.underway or self._capturing():
@@ -178,15 +224,57 @@ class DeviceClock:
                 self._on_problem("event_pool_exhausted", None)
                 return None
             try:
-                end.record(self._current_stream(pool.device))
+                stream = self._current_stream(pool.device)
+                end.record(stream)
             except BaseException:
                 pool.release(end)
                 raise
-            return (pool, start, end)
+            return (pool, start, end), stream
         except Exception as exc:
             pool.release(start)
             self._on_problem("device_timing_failed", exc)
             return None
+
+    def split(self, token: tuple[EventPool, Any]) -> tuple[tuple[EventPool, Any, Any] | None, Any]:
+        """End ``token``'s span and keep its end event as the start of the span that follows at once.
+
+        Returns:
+            ``(pending, boundary)``: the pending token for :meth:`poll` (None when the span could not
+            be ended), and a boundary for :meth:`resume` or :meth:`drop` (None with it). The caller
+            passes the boundary to exactly one of them.
+        """
+        ended = self._end(token)
+        if ended is None:
+            return None, None
+        pending, stream = ended
+        pool, end = pending[0], pending[2]
+        pool.share(end)
+        return pending, (pool, end, stream, self._capture.begun)
+
+    def resume(self, boundary: Any, device: int) -> tuple[EventPool, Any] | None:
+        """A start token on ``device`` for the span that follows the one :meth:`split` ended.
+
+        The boundary event when it is a correct start: same device, the same stream current, no CUDA
+        graph capture begun since the split and none underway. Otherwise the boundary is given back
+        and a fresh start is recorded (:meth:`start`; None inside a capture).
+        """
+        pool, event, stream, begun = boundary
+        try:
+            if (pool.device == device and begun == self._capture.begun and not self._capture.underway
+                    and not self._capturing() and self._current_stream(device) == stream):
+                return (pool, event)
+        except Exception as exc:
+            pool.release(event)
+            self._on_problem("device_timing_failed", exc)
+            return None
+        pool.release(event)
+        return self.start(device)
+
+    @staticmethod
+    def drop(boundary: Any) -> None:
+        """Give back a boundary no span will start at (the next span is not back to back, or none follows)."""
+        if boundary is not None:
+            boundary[0].release(boundary[1])
 
     @staticmethod
     def poll(pending: tuple[EventPool, Any, Any]) -> int | None:
@@ -213,6 +301,11 @@ class DeviceClock:
     def in_flight(self) -> int:
         """Events handed out and not yet given back, over every device."""
         return sum(p.in_flight for p in list(self._pools.values()))
+
+    @property
+    def shared(self) -> int:
+        """Events held by two spans now (shared boundaries), over every device."""
+        return sum(p.shared for p in list(self._pools.values()))
 
     @property
     def devices(self) -> list[int]:

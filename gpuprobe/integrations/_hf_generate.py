@@ -5,8 +5,9 @@ How a generation step is seen (transformers 5.x, ``_sample`` and ``_beam_search`
     generate()                                  seam: the call (NVTX "generate"), TTFT, duration, usage
       _prefill(input_ids, ...)                  seam: step 0 opens (phase prefill), forward starts
         self(**inputs)
-      loop: _has_unfinished_sequences()         seam: closes the running step, opens the next (decode)
-        prepare_inputs_for_generation()         seam: forward starts (decode steps)
+      loop: _has_unfinished_sequences()         seam: closes the running step, opens the next (decode),
+                                                whose forward starts at once
+        prepare_inputs_for_generation()
         model_forward(**inputs)
         _update_model_kwargs_for_generation()   seam: forward ends
         logits_processor(ids, logits)           transformers' list; each element a timed stand-in
@@ -20,9 +21,12 @@ model's state from ``model.__dict__``, runs the original once with the arguments
 gpuprobe's work in guarded hooks (its failure switches the loop's seams off, never the program). ``copy.deepcopy`` rebinds such methods to the copy, and the state deep-copies
 (and pickles) to ``None``, so a copy of an instrumented model is a plain, uninstrumented model.
 
-Steps tile the decoding loop: a step runs from one ``_has_unfinished_sequences`` call to the next
-(step 0 from the ``_prefill`` call), so ``forward + logits processors + stopping criteria + streamer
-+ other`` is exactly the step's duration.
+Steps tile the decoding loop: a step runs from the return of one ``_has_unfinished_sequences`` call
+to the return of the next (step 0 from the ``_prefill`` call), so ``forward + logits processors +
+stopping criteria + streamer + other`` is exactly the step's duration. On a GPU the steps of one call
+share their boundary events: the end event of step N is the start event of step N + 1 (one event
+record per decode step; :meth:`~gpuprobe.timing.DeviceClock.split`), and so are those of decoder
+layers that run one after the other in a sampled step.
 
 Latencies (``docs/transformers.md``, "Latencies and their clocks"): a step's end is when the host
 holds its token, or, under transformers' deferred stop check, the next step's end (see
@@ -124,7 +128,7 @@ class _Call:
         "prompt_len", "batch", "cache", "layers_on", "layer_stack", "compiled", "live", "util",
         "marks", "audit",
         "call_tok", "deferred", "tok_t", "ttft_ns", "held",  # latencies of the tokens (see token_on_host)
-        "args", "kwargs", "inputs", "prev", "undo", "check_t",
+        "args", "kwargs", "inputs", "prev", "undo", "boundary", "layer_next",
     )
 
     def __init__(self, t0: int, records: deque[Any], nv: Any, clock: Any) -> None:
@@ -168,7 +172,8 @@ class _Call:
         self.inputs: Any = None  # generate()'s `inputs` parameter, read by name
         self.prev: _Call | None = None  # the call this one runs inside on this thread (rare), put back at its end
         self.undo: list[Any] = []  # what the call patched for its length (streamer, list elements): put back at its end
-        self.check_t = 0  # host time of the running stop check
+        self.boundary: Any = None  # the end event of the step just closed, for the next step to start at
+        self.layer_next: Any = None  # (the layer expected next, the end event of the layer just run)
 
 
 class ModelState:
@@ -239,6 +244,9 @@ class ModelState:
         self.layers = [m for m, _ in layers]
         self.layer_children: dict[Any, Any] = {}
         self.layer_messages: dict[Any, str] = {}
+        # The block that runs right after each one in its stack: their spans may share a boundary event.
+        self.layer_after: dict[Any, Any] = {
+            m: n for (m, i), (n, j) in zip(layers, layers[1:]) if j == i + 1}
         for m, i in layers:
             labels = {MODEL_LABEL: name, "layer.type": type(m).__name__}
             if layer_index:
@@ -247,6 +255,10 @@ class ModelState:
             self.layer_messages[m] = f"{type(m).__name__} {i}"
         self._hook_users = 0
         self._hooks: list[Any] = []
+        # Where the layers' parameters are is read again at the first sampled step of each call: a model
+        # is not moved while it generates. Why not at every sampled step: ~22 Python calls per layer
+        # (+19.6 -> +14.1 Python calls per greedy step with layers every 8, benchmarks/step_calls.py).
+        self.layers_moved = True
         self.generate_message = f"generate {name}"
         self.utilization = Utilization(model, rt, name)  # measured once (MBU, MFU)
         self.marker = StepMarker(rt, name)  # component ranges in profile windows, the sync audit
@@ -376,9 +388,12 @@ class ModelState:
         with self._lock:
             self._hook_users += 1
             if self._hook_users == 1:
-                self.layer_device.clear()  # modules may have moved since the last sampled step
+                if self.layers_moved:  # modules may have moved since the last call
+                    self.layers_moved = False
+                    self.layer_device.clear()
+                    for m in self.layers:
+                        self.module_device(m)
                 for m in self.layers:
-                    self.module_device(m)
                     self._hooks.append(m.register_forward_pre_hook(self._layer_pre))
                     self._hooks.append(m.register_forward_hook(self._layer_post, always_call=True))
 
@@ -412,10 +427,16 @@ class ModelState:
         token: Any = None
         if clock is not None:
             device = self.layer_device.get(module)
+            chain = ctx.layer_next
+            if chain is not None:
+                ctx.layer_next = None
+                if chain[0] is not module or device is None:  # not the block that follows: a fresh start
+                    clock.drop(chain[1])
+                    chain = None
             if device is not None:
                 # On a GPU the host only queues kernels: without a device span (a capture is underway,
                 # or no event was free) the layer gets no sample rather than its queuing time.
-                token = clock.start(device) or _NO_SPAN
+                token = (clock.start(device) if chain is None else clock.resume(chain[1], device)) or _NO_SPAN
         ctx.layer_stack.append((perf_counter_ns(), token))
         return None
 
@@ -431,7 +452,16 @@ class ModelState:
         if tok is None:
             ctx.records.append((child.apply, dt))  # the layer runs on the CPU: its host time
         elif tok is not _NO_SPAN:
-            ctx.records.append((self.rt.pending.apply, (child, ctx.clock.stop(tok))))
+            following = self.layer_after.get(module)
+            if following is None:
+                pending = ctx.clock.stop(tok)
+            else:  # the next block of the stack starts at this one's end event
+                pending, boundary = ctx.clock.split(tok)
+                if boundary is not None:
+                    if ctx.layer_next is not None:
+                        ctx.clock.drop(ctx.layer_next[1])
+                    ctx.layer_next = (following, boundary)
+            ctx.records.append((self.rt.pending.apply, (child, pending)))
         if ctx.nv is not None:
             ctx.nv.pop()
         return None
@@ -457,14 +487,21 @@ class ModelState:
         # The global step counter marks step starts (profile windows, snapshot triggers); hooks
         # such as a profiler start are kept out of the step's own time.
         steps = rt.steps
+        boundary = ctx.boundary
+        ctx.boundary = None
         if steps.hooks:
             index = steps.advance()
             traced = steps.traced(index)  # a profile window records this step: mark its components
             # Another profiler records it (the program's own; not the kernel sampler's): the step's own range.
             own = not traced and _profiling() and not steps.sampled(index)
             t = perf_counter_ns()
+            if boundary is not None:  # the hooks may have queued device work: the step starts after it
+                ctx.clock.drop(boundary)
+                boundary = None
         else:
-            index = steps.advance()
+            # Why tick: without hooks, advancing is one C call instead of a Python call (1 of the ~10
+            # Python calls a decode step adds).
+            index = steps.tick()
             traced = False
             # Why asked on every step: a profiler may start or stop between steps (a schedule's
             # prof.step() in a streamer); torch._C._autograd._profiler_enabled costs 43 ns with no
@@ -481,7 +518,13 @@ class ModelState:
             nv.push(self.nvtx(nv, "decode" if decode else "prefill", "step", ctx.step))
             ctx.depth += 1
         clock = ctx.clock
-        ctx.dev_tok = clock.start(ctx.device) if clock is not None else None
+        if clock is not None:
+            # Why resume: the previous step's end event, recorded just now, starts this step: one event
+            # record per decode step instead of two (on an H200 two records and an NVTX range cost 8.9 us
+            # of host time per call, docs/gpu.md).
+            ctx.dev_tok = clock.start(ctx.device) if boundary is None else clock.resume(boundary, ctx.device)
+        else:
+            ctx.dev_tok = None
         if decode and self.layers and not ctx.compiled:
             self.decode_count += 1  # racy across threads: fine for sampling
             if self.decode_count % self.layer_every == 0:
@@ -495,10 +538,9 @@ class ModelState:
                    and not _compiling())
         if traced or audited or own:
             ctx.marks = self.marker.open(traced, audited, index if own else None)
-
-    def start_forward(self, ctx: _Call) -> None:
+        # The forward starts with the step: in a decode step prepare_inputs_for_generation follows the
+        # stop check at once (why no seam there: 3 Python calls fewer per decode step).
         ctx.in_fwd = True
-        nv = ctx.nv
         if nv is not None:
             nv.push(self.nvtx(nv, "forward", "component", ctx.step))
             ctx.depth += 1
@@ -553,7 +595,8 @@ class ModelState:
             ctx.held = None
             ctx.records.append(held)
 
-    def close_step(self, ctx: _Call, t: int) -> None:
+    def close_step(self, ctx: _Call, t: int, chain: bool = False) -> None:
+        """End the running step at ``t``; ``chain``: the next step opens at once, starting at this one's end event."""
         if ctx.in_fwd:
             self.end_forward(ctx, t)
         marks = ctx.marks
@@ -567,6 +610,7 @@ class ModelState:
         append((self.step_host[decode], dur))
         tok = ctx.dev_tok
         util = ctx.util
+        pending: Any = None
         if tok is not None:
             # A decode step's device span is also the device inter-token latency of the token it selected.
             target: Any
@@ -574,11 +618,15 @@ class ModelState:
                 target = self.step_dev[0]
             else:
                 target = DecodeSpan(self.step_dev[1], self.itl_dev) if ctx.deferred else self.decode_span
+            if chain:
+                pending, ctx.boundary = ctx.clock.split(tok)
+            else:
+                pending = ctx.clock.stop(tok)
             rec: Any
             if util is None:
-                rec = (self.rt.pending.apply, (target, ctx.clock.stop(tok)))
+                rec = (self.rt.pending.apply, (target, pending))
             else:  # the device step time, then MBU/MFU from it, once the events are read
-                rec = (util.device_step, (target, ctx.clock.stop(tok), ctx.batch, ctx.prompt_len, ctx.step))
+                rec = (util.device_step, (target, pending, ctx.batch, ctx.prompt_len, ctx.step))
             if decode and ctx.deferred:  # kept back one step: the token of the last step run may be undone
                 rec, ctx.held = ctx.held, rec
             if rec is not None:
@@ -589,8 +637,13 @@ class ModelState:
             # appending this record 0.19 us (test CPU); the drain pays the rest.
             append((util.host_step, (dur, ctx.batch, ctx.prompt_len, ctx.step)))
         if not decode and ctx.call_tok is not None:  # device TTFT: the call's start event → after token 0
-            append((self.rt.pending.apply, (self.ttft_dev, ctx.clock.stop(ctx.call_tok))))
-            ctx.call_tok = None
+            call_tok, ctx.call_tok = ctx.call_tok, None
+            if pending is not None and pending[0] is call_tok[0]:
+                # Why shared: step 0's end event is the moment TTFT ends; another record is host time for nothing.
+                pending[0].share(pending[2])
+                append((self.rt.pending.apply, (self.ttft_dev, (pending[0], call_tok[1], pending[2]))))
+            else:
+                append((self.rt.pending.apply, (self.ttft_dev, ctx.clock.stop(call_tok))))
         other = dur - ctx.fwd_ns - ctx.lp_ns
         append((self.c_forward, ctx.fwd_ns))
         if ctx.sc_ns >= 0:
@@ -601,7 +654,12 @@ class ModelState:
             other -= ctx.st_ns
         append((self.c_other, other))
         if decode or not ctx.deferred:  # this step's token (deferred: the previous step's) is on the host now
-            self.token_on_host(ctx, t)
+            # token_on_host written out for the common case (one Python call fewer per decode step).
+            if ctx.ttft_ns >= 0:
+                append((self.itl_host, t - ctx.tok_t))
+                ctx.tok_t = t
+            else:
+                self.token_on_host(ctx, t)
         if ctx.nv is not None:
             ctx.nv.pop()
             ctx.depth -= 1
@@ -609,6 +667,9 @@ class ModelState:
         if ctx.layers_on:
             ctx.layers_on = False
             self.release_layers()
+            if ctx.layer_next is not None:
+                ctx.clock.drop(ctx.layer_next[1])
+                ctx.layer_next = None
         # Why every memory_every steps: one memory reading costs 24 us on CPU (RSS from /proc);
         # gauges keep only the last value anyway, and every call ends with a reading.
         if ctx.step % self.memory_every == 0 and (self.memory or self.kv_cache):
@@ -643,6 +704,7 @@ class ModelState:
         if streamer is not None:
             ctx.undo.append(_time_streamer(streamer, ctx, self))
         ctx.records.append((self.active, 1))
+        self.layers_moved = True
         if nv is not None:
             nv.push(self.nvtx(nv, self.generate_message, "generate", None))
         return ctx
@@ -677,6 +739,12 @@ class ModelState:
                 if ctx.layers_on:
                     ctx.layers_on = False
                     self.release_layers()
+        if ctx.clock is not None:  # a boundary no step started at (a failure between two steps)
+            ctx.clock.drop(ctx.boundary)
+            ctx.boundary = None
+            if ctx.layer_next is not None:
+                ctx.clock.drop(ctx.layer_next[1])
+                ctx.layer_next = None
         if nv is not None:
             for _ in range(ctx.depth):
                 nv.pop()
@@ -1043,7 +1111,6 @@ def _method_seam(attribute: str, short: str, group: str = GROUP_STEPS, reads: tu
 SEAM_GENERATE = _method_seam("generate", "", GROUP_CALL)
 SEAM_PREFILL = _method_seam("_prefill", "prefill", reads=("input_ids",))
 SEAM_CHECK = _method_seam("_has_unfinished_sequences", "stop_check")
-SEAM_PREPARE = _method_seam("prepare_inputs_for_generation", "prepare_inputs")
 SEAM_UPDATE = _method_seam("_update_model_kwargs_for_generation", "update_kwargs", reads=("outputs",))
 SEAM_LOGITS = _method_seam("_get_logits_processor", "logits_processors")
 SEAM_STOPPING = _method_seam("_get_stopping_criteria", "stopping_criteria")
@@ -1078,34 +1145,26 @@ def _prefill_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any
     ctx.prefilled = True
     ctx.seen_check = False
     st.open_step(ctx, t, decode=False)
-    st.start_forward(ctx)
 
 
-def _check_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call | None:
+def _check_after(st: ModelState, token: None, more: Any, error: BaseException | None) -> None:
+    # Why one hook after the check (not one before and one after): a decode step then costs two Python
+    # calls fewer (of the 15.75 gpuprobe made per greedy step before, 9.75 now; benchmarks/RESULTS-probe.md); the check
+    # itself (a few host operations) moves into the step that ends, the two steps still tile the loop.
     t = perf_counter_ns()
     ctx = getattr(st.tls, "ctx", None)
     if ctx is None or not ctx.prefilled:
-        return None
+        return
+    if ctx.step_open and not ctx.seen_check:
+        ctx.seen_check = True  # the check right after prefill: step 0 goes on (token selection)
+        # The decoding loop that called: this hook <- the seam's replacement <- the loop.
+        ctx.deferred = defers_stop_check(sys._getframe(2))
+        return
+    more = error is None and bool(more)
     if ctx.step_open:
-        if ctx.seen_check:
-            st.close_step(ctx, t)
-        else:
-            ctx.seen_check = True  # the check right after prefill: step 0 goes on (token selection)
-            # The decoding loop that called: this hook <- the seam's replacement <- the loop.
-            ctx.deferred = defers_stop_check(sys._getframe(2))
-    ctx.check_t = t
-    return ctx
-
-
-def _check_after(st: ModelState, ctx: _Call | None, more: Any, error: BaseException | None) -> None:
-    if ctx is not None and error is None and more and not ctx.step_open:
-        st.open_step(ctx, ctx.check_t, decode=True)
-
-
-def _prepare_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    ctx = getattr(st.tls, "ctx", None)
-    if ctx is not None and ctx.step_open and not ctx.in_fwd and ctx.fwd_ns == 0:
-        st.start_forward(ctx)
+        st.close_step(ctx, t, chain=more)
+    if more:
+        st.open_step(ctx, t, decode=True)
 
 
 def _update_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -1172,8 +1231,7 @@ _replacements: dict[tuple[type, str], Any] = {}
 METHOD_SEAMS = (
     MethodSeam(SEAM_GENERATE, _generate_before, _generate_after, optional_reads=("inputs", "streamer")),
     MethodSeam(SEAM_PREFILL, _prefill_before),
-    MethodSeam(SEAM_CHECK, _check_before, _check_after),
-    MethodSeam(SEAM_PREPARE, _prepare_before),
+    MethodSeam(SEAM_CHECK, after=_check_after),
     MethodSeam(SEAM_UPDATE, _update_before),
     MethodSeam(SEAM_LOGITS, after=_logits_after),
     MethodSeam(SEAM_STOPPING, after=_stopping_after),

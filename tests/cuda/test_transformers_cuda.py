@@ -75,6 +75,45 @@ def test_device_clock_step_samples_resolve_without_blocking():
     assert layers == 2 * (steps - 1)
 
 
+def test_decode_steps_share_their_boundary_events(monkeypatch):
+    """One event record per decode step, and the steps' device spans add up to the call's GPU time."""
+    reset(device_timing="cuda")
+    model = instrument(cuda_model(), model_name="m")
+    ids = prompt().to("cuda")
+    model.generate(ids, max_new_tokens=4, min_new_tokens=4)  # warm-up
+    torch.cuda.synchronize()
+    gpuprobe.collect()
+    recorded = [0]
+    record = torch.cuda.Event.record
+
+    def counting(self, stream=None):  # type: ignore[no-untyped-def]
+        recorded[0] += 1
+        return record(self, stream)
+
+    monkeypatch.setattr(torch.cuda.Event, "record", counting)
+    counts = {}
+    for tokens in (8, 16):
+        before = recorded[0]
+        model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens)
+        counts[tokens] = recorded[0] - before
+    monkeypatch.undo()
+    assert counts[16] - counts[8] == 8  # one record per decode step
+    def device_steps_s() -> float:
+        torch.cuda.synchronize()  # the test waits; the integration never does
+        return sum(p.sum for md in gpuprobe.collect() if md.spec.name == "gpuprobe.step.duration"
+                   for p in md.points if p.labels["clock"] == "device")
+
+    before_s = device_steps_s()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    model.generate(ids, max_new_tokens=8, min_new_tokens=8)
+    end.record()
+    steps_ns = (device_steps_s() - before_s) * 1e9
+    total_ns = start.elapsed_time(end) * 1e6
+    # The steps tile the call's device time between its first and last events, inside the outer pair.
+    assert 0 < steps_ns <= total_ns
+
+
 def test_memory_gauges_report_the_cuda_allocator():
     reset()
     model = instrument(cuda_model(), model_name="m")
