@@ -252,10 +252,11 @@ class _Manager:
 def seam_cost(n: int, steps: int, rounds: int) -> dict[str, float]:
     """Host microseconds per step: the observed stand-ins against the plain ones (medians of ``rounds``)."""
     from gpuprobe.integrations._hf_continuous import ServingState
+    from gpuprobe.integrations._hf_series import RequestSeries
     from gpuprobe.runtime import runtime
 
     rt = runtime()
-    serving = ServingState(rt, "seams", {"gen_ai.request.model": "seams"})
+    serving = ServingState(rt, "seams", RequestSeries(rt, "seams"))
 
     def loop(manager: Any) -> float:
         bp = manager._create_batch_processor()

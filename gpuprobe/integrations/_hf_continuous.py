@@ -62,6 +62,7 @@ from .. import _seams, is_enabled
 from .._placement import tensor_device
 from ..runtime import Runtime
 from ..timing import DeviceClock
+from ._hf_series import RequestSeries, StepSeries, time_per_output_token_ns
 
 __all__ = ["ServingState", "PHASES", "FINISH_REASONS"]
 
@@ -226,7 +227,7 @@ class ServingState:
     manager is created for the model.
     """
 
-    def __init__(self, rt: Runtime, name: str, gen_labels: dict[str, str]) -> None:
+    def __init__(self, rt: Runtime, name: str, request_series: RequestSeries) -> None:
         from transformers.generation.continuous_batching.requests import RequestStatus
 
         self.rt = rt
@@ -234,19 +235,14 @@ class ServingState:
         self.finished_status = int(RequestStatus.FINISHED)
         self.failed_status = int(RequestStatus.FAILED)
         fam = rt.family
-        ml = {"model": name}
         # Records are (bound apply of a series, value), as in the generate() integration: prepared here.
-        ttft = fam("gen_ai.server.time_to_first_token")
-        self.ttft = ttft.child(**gen_labels, clock="host").apply
-        self.ttft_dev = ttft.child(**gen_labels, clock="device").apply  # called by _FirstSpan targets
-        self.tpot = fam("gen_ai.server.time_per_output_token").child(**gen_labels).apply
-        req = fam("gen_ai.server.request.duration")
-        self.req_ok = req.child(**gen_labels).apply
-        self.req_cancelled = req.child(**gen_labels, **{"error.type": "cancelled"}).apply
-        self.req_failed = req.child(**gen_labels, **{"error.type": "failed"}).apply
-        usage = fam("gen_ai.client.token.usage")
-        self.usage_in = usage.child(**gen_labels, **{"gen_ai.token.type": "input"}).apply
-        self.usage_out = usage.child(**gen_labels, **{"gen_ai.token.type": "output"}).apply
+        # A request's GenAI series are the model's, shared with its generate() calls.
+        self.request_series = requests = request_series
+        self.ttft_dev = requests.ttft_device.apply  # called by _FirstSpan targets
+        self.req_cancelled = requests.request_error("cancelled")
+        self.req_failed = requests.request_error("failed")
+        steps = StepSeries(rt, name, PHASES)
+        ml = steps.model
         self.queue = fam("gpuprobe.request.queue.duration").child(**ml).apply
         finished = fam("gpuprobe.requests.finished")
         self.finished = {r: finished.child(**ml, finish_reason=r).apply for r in FINISH_REASONS}
@@ -261,18 +257,14 @@ class ServingState:
         self.tokens_prefill = tokens.child(**ml, phase="prefill").apply
         self.tokens_decode = tokens.child(**ml, phase="decode").apply
         self.batch_requests = fam("gpuprobe.batch.requests").child(**ml).apply
-        step = fam("gpuprobe.step.duration")
-        self.step_host = tuple(step.child(**ml, phase=p, clock="host").apply for p in PHASES)
-        self.step_dev = tuple(step.child(**ml, phase=p, clock="device") for p in PHASES)
-        comp = fam("gpuprobe.step.component.duration")
-        self.c_schedule = comp.child(**ml, component="schedule").apply
-        self.c_forward = comp.child(**ml, component="forward").apply
-        self.c_update = comp.child(**ml, component="update").apply
-        itl = fam("gpuprobe.inter_token.duration")
+        self.step_host, self.step_dev = steps.host, steps.device
+        self.c_schedule = steps.component("schedule")
+        self.c_forward = steps.component("forward")
+        self.c_update = steps.component("update")
         # Per request and output token after its first (see _Loop.tokens_held): the host samples of one
         # update go as one batch, the device ones with the step's device span (_DecodeSpans).
-        self.inter_token = itl.child(**ml, clock="host").apply_many
-        self.itl_dev = itl.child(**ml, clock="device")
+        self.inter_token = steps.itl_host.apply_many
+        self.itl_dev = steps.itl_device
         self._spans: dict[tuple[int, int], _DecodeSpans] = {}
         self._patched: list[_seams.Patch] = []
         self._managers: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -616,7 +608,7 @@ class _Loop:
         restart selects is its next one.
         """
         records = self.records
-        ttft = self.st.ttft
+        ttft = self.st.request_series.ttft
         gaps: list[int] = []
         for req, state in selected:
             if req.ended:
@@ -862,13 +854,14 @@ class _Loop:
             return
         tokens = output.generated_tokens
         n_out = len(tokens)
-        append((st.req_ok, dur))
-        append((st.usage_in, len(output.prompt_ids)))
-        append((st.usage_out, n_out))
+        requests = st.request_series
+        append((requests.request_ok, dur))
+        append((requests.usage_in, len(output.prompt_ids)))
+        append((requests.usage_out, n_out))
         first = req.first if req is not None else 0
         if not first and n_out:  # finished by the update that produced its first token
             first = now
-            append((st.ttft, dur))
+            append((requests.ttft, dur))
             if req is not None:
                 req.first = now  # the update's own first-token check then counts it no second time
                 if req.span is not None:
@@ -881,9 +874,9 @@ class _Loop:
             req.ended = True
             if req.span is not None:
                 self.forget_span(req)
-        if n_out > 1:
-            # The GenAI convention's time per output token: (duration - TTFT) / (output tokens - 1).
-            append((st.tpot, (now - first) // (n_out - 1)))
+        tpot = time_per_output_token_ns(now - first, n_out)
+        if tpot is not None:
+            append((requests.tpot, tpot))
         reason = "stop" if _ends_with_eos(req.state if req is not None else None, tokens) else "length"
         append((st.finished[reason], 1))
 

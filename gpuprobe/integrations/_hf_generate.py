@@ -69,6 +69,7 @@ from .._placement import tensor_device
 from .._torch_caps import profiler_caps
 from ._hf_continuous import ServingState
 from ._hf_marks import STREAMER, StepMarker, StepMarks
+from ._hf_series import RequestSeries, StepSeries, time_per_output_token_ns
 from ._hf_spans import DecodeSpan
 from ._hf_utilization import Utilization
 from ..runtime import Runtime
@@ -76,11 +77,6 @@ from ..runtime import Runtime
 __all__ = ["ModelState", "STATE_KEY", "METHOD_SEAMS", "MethodSeam", "GROUP_CALL", "GROUP_STEPS"]
 
 STATE_KEY = "_gpuprobe_state"
-PROVIDER = "transformers"
-# OpenTelemetry GenAI semantic conventions: generate() on token ids is a text completion.
-OPERATION = "text_completion"
-# The model's label on gpuprobe's own metrics (the GenAI ones use gen_ai.request.model).
-MODEL_LABEL = "model"
 
 GROUP_CALL = "transformers.generate"
 """The switch of the generate() call's own seam (per-call metrics)."""
@@ -201,37 +197,20 @@ class ModelState:
         self.layer_device: dict[Any, int | None] = {}
         _bind_compiling()
         fam = rt.family
-        gen = {"gen_ai.request.model": name, "gen_ai.provider.name": PROVIDER, "gen_ai.operation.name": OPERATION}
-        self.gen_labels = gen
         # Records are (bound apply method of a series, value), the runtime's Record type. Why bound
-        # here: a step then appends tuples (0.11 us each) instead of calling Runtime.emit (0.57 us).
-        ttft = fam("gen_ai.server.time_to_first_token")
-        self.ttft = ttft.child(**gen, clock="host").apply
-        self.ttft_dev = ttft.child(**gen, clock="device")  # a pending device timing's target
-        self.tpot = fam("gen_ai.server.time_per_output_token").child(**gen).apply
-        itl = fam("gpuprobe.inter_token.duration")
-        self.itl_host = itl.child(**{MODEL_LABEL: name}, clock="host").apply
-        self.itl_dev = itl.child(**{MODEL_LABEL: name}, clock="device").apply
-        self.req_ok = fam("gen_ai.server.request.duration").child(**gen).apply
-        self.req_err: dict[str, Any] = {}
-        usage = fam("gen_ai.client.token.usage")
-        self.usage_in = usage.child(**gen, **{"gen_ai.token.type": "input"}).apply
-        self.usage_out = usage.child(**gen, **{"gen_ai.token.type": "output"}).apply
-        ml = {MODEL_LABEL: name}
-        step = fam("gpuprobe.step.duration")
-        self.step_host = (step.child(**ml, phase="prefill", clock="host").apply,
-                          step.child(**ml, phase="decode", clock="host").apply)
-        self.step_dev = (step.child(**ml, phase="prefill", clock="device"),
-                         step.child(**ml, phase="decode", clock="device"))
+        # once: a step then appends tuples (0.11 us each) instead of calling Runtime.emit (0.57 us).
+        self.request_series = RequestSeries(rt, name)
+        steps = self.step_series = StepSeries(rt, name, ("prefill", "decode"))
+        self.step_host, self.step_dev = steps.host, steps.device
+        self.itl_host, self.itl_dev = steps.itl_host.apply, steps.itl_device.apply
         # Why one prepared target: a decode step's device span feeds the step and the inter-token series;
         # building the pair per step costs 0.18 us (test CPU), needed only when a token may be undone.
         self.decode_span = DecodeSpan(self.step_dev[1], self.itl_dev)
-        comp = fam("gpuprobe.step.component.duration")
-        self.c_forward = comp.child(**ml, component="forward").apply
-        self.c_stopping = comp.child(**ml, component="stopping_criteria").apply
-        self.c_streamer = comp.child(**ml, component="streamer").apply
-        self.c_other = comp.child(**ml, component="other").apply
-        self._comp = comp
+        self.c_forward = steps.component("forward")
+        self.c_stopping = steps.component("stopping_criteria")
+        self.c_streamer = steps.component("streamer")
+        self.c_other = steps.component("other")
+        ml = steps.model
         self.processors: dict[Any, tuple[Any, str]] = {}  # logits processor class -> (series, name)
         self.criteria: dict[Any, tuple[Any, str]] = {}  # stopping criterion class -> (None, name)
         self.batch = fam("gpuprobe.step.batch_size").child(**ml).apply
@@ -248,7 +227,7 @@ class ModelState:
         self.layer_after: dict[Any, Any] = {
             m: n for (m, i), (n, j) in zip(layers, layers[1:]) if j == i + 1}
         for m, i in layers:
-            labels = {MODEL_LABEL: name, "layer.type": type(m).__name__}
+            labels = {**ml, "layer.type": type(m).__name__}
             if layer_index:
                 labels["layer.index"] = str(i)
             self.layer_children[m] = lay.child(**labels)
@@ -294,8 +273,7 @@ class ModelState:
                 name = (getattr(element, "__qualname__", None)
                         or getattr(getattr(element, "func", None), "__qualname__", None))
             name = name or type(element).__name__
-            child = None if criterion else self._comp.child(
-                **{MODEL_LABEL: self.model_name}, component="logits_processor", processor=name).apply
+            child = None if criterion else self.step_series.component("logits_processor", processor=name)
             info = (child, name)
             if len(cache) < 1000:
                 cache[key] = info
@@ -304,17 +282,8 @@ class ModelState:
     def observe_manager(self, manager: Any) -> None:
         """Continuous batching: observe the manager ``init_continuous_batching`` returned (once)."""
         if self.serving is None:
-            self.serving = ServingState(self.rt, self.model_name, self.gen_labels)
+            self.serving = ServingState(self.rt, self.model_name, self.request_series)
         self.serving.observe(manager)
-
-    def error_child(self, exc: BaseException) -> Any:
-        name = type(exc).__qualname__
-        child = self.req_err.get(name)
-        if child is None:
-            child = self.rt.family("gen_ai.server.request.duration").child(
-                **self.gen_labels, **{"error.type": name}).apply
-            self.req_err[name] = child
-        return child
 
     def memory_children(self, device: str) -> tuple[Any, Any, Any]:
         found = self._mem.get(device)
@@ -571,7 +540,7 @@ class ModelState:
             ctx.records.append((self.itl_host, t - ctx.tok_t))
         else:
             ctx.ttft_ns = t - ctx.t0
-            ctx.records.append((self.ttft, ctx.ttft_ns))
+            ctx.records.append((self.request_series.ttft, ctx.ttft_ns))
         ctx.tok_t = t
 
     def last_tokens(self, ctx: _Call, t: int, n_out: int | None, failed: bool = False) -> None:
@@ -641,9 +610,10 @@ class ModelState:
             if pending is not None and pending[0] is call_tok[0]:
                 # Why shared: step 0's end event is the moment TTFT ends; another record is host time for nothing.
                 pending[0].share(pending[2])
-                append((self.rt.pending.apply, (self.ttft_dev, (pending[0], call_tok[1], pending[2]))))
+                target = (self.request_series.ttft_device, (pending[0], call_tok[1], pending[2]))
+                append((self.rt.pending.apply, target))
             else:
-                append((self.rt.pending.apply, (self.ttft_dev, ctx.clock.stop(call_tok))))
+                append((self.rt.pending.apply, (self.request_series.ttft_device, ctx.clock.stop(call_tok))))
         other = dur - ctx.fwd_ns - ctx.lp_ns
         append((self.c_forward, ctx.fwd_ns))
         if ctx.sc_ns >= 0:
@@ -754,27 +724,27 @@ class ModelState:
         records = ctx.records
         dur = t1 - ctx.t0
         if err is not None:
-            records.append((self.error_child(err), dur))
+            records.append((self.request_series.request_error(type(err).__qualname__), dur))
             self.rt.observe_exception(err)
             self.last_tokens(ctx, t1, None, failed=True)
         else:
-            records.append((self.req_ok, dur))
+            records.append((self.request_series.request_ok, dur))
             n_in = input_tokens(ctx.inputs, ctx.kwargs or {})
             if n_in is None and ctx.prompt_len is not None and ctx.batch is not None:
                 n_in = ctx.prompt_len * ctx.batch
             if n_in is not None:
-                records.append((self.usage_in, n_in))
+                records.append((self.request_series.usage_in, n_in))
             seq = out if hasattr(out, "shape") else getattr(out, "sequences", None)
             shape = getattr(seq, "shape", None)
             n_out = None  # output tokens of each sequence
             if shape is not None and len(shape) == 2:
                 start = ctx.prompt_len if ctx.prompt_len is not None else 0
                 n_out = max(0, int(shape[1]) - start)
-                records.append((self.usage_out, int(shape[0]) * n_out))
+                records.append((self.request_series.usage_out, int(shape[0]) * n_out))
             self.last_tokens(ctx, t1, n_out)
-            if n_out is not None and n_out > 1 and ctx.ttft_ns >= 0:
-                # The GenAI convention's time per output token: (duration - TTFT) / (output tokens - 1).
-                records.append((self.tpot, (dur - ctx.ttft_ns) // (n_out - 1)))
+            tpot = time_per_output_token_ns(dur - ctx.ttft_ns, n_out) if n_out and ctx.ttft_ns >= 0 else None
+            if tpot is not None:
+                records.append((self.request_series.tpot, tpot))
             if self.memory or self.kv_cache:
                 self.read_gauges(ctx)
         records.append((self.active, -1))

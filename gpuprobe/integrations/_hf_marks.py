@@ -28,6 +28,7 @@ from typing import Any
 
 from .. import _sync_audit
 from ..runtime import Runtime
+from ._hf_series import MODEL_LABEL
 
 __all__ = ["StepMarker", "StepMarks"]
 
@@ -186,7 +187,7 @@ class StepMarker:
         key = (where, op)
         found = self._syncs.get(key)
         if found is None:
-            labels = {"model": self.model_name, "component": where[0], "op": op}
+            labels = {MODEL_LABEL: self.model_name, "component": where[0], "op": op}
             if where[1] is not None:
                 labels["processor"] = where[1]
             found = self.rt.family("gpuprobe.step.syncs").child(**labels).apply

@@ -390,6 +390,7 @@ def test_on_a_gpu_the_step_is_timed_on_the_processors_compute_stream(sim: Any) -
     from transformers.generation.continuous_batching.requests import FutureRequestState, RequestState, RequestStatus
 
     from gpuprobe.integrations._hf_continuous import ServingState
+    from gpuprobe.integrations._hf_series import RequestSeries
     from gpuprobe.runtime import runtime
 
     compute = torch.cuda.Stream(0)
@@ -414,7 +415,7 @@ def test_on_a_gpu_the_step_is_timed_on_the_processors_compute_stream(sim: Any) -
     router = _Obj(deliver=lambda output: None, deliver_batch=lambda outputs: None)
     manager = _Obj(output_router=router, _create_batch_processor=lambda: processor, _run_generation_loop=lambda: None)
     rt = runtime()
-    serving = ServingState(rt, MODEL, {"gen_ai.request.model": MODEL})
+    serving = ServingState(rt, MODEL, RequestSeries(rt, MODEL))
     serving.observe(manager)
     bp = manager._create_batch_processor()
     sim.launch(50_000_000, "other work")  # on the default stream

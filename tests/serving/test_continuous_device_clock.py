@@ -360,6 +360,7 @@ def test_with_asynchronous_batching_the_first_token_is_confirmed_a_turn_later(
     """The update of a turn reads the previous forward's tokens; a forward launched while the previous one
     still runs is reached by the GPU only after it, and that wait is in neither part of the device TTFT."""
     from gpuprobe.integrations._hf_continuous import ServingState
+    from gpuprobe.integrations._hf_series import RequestSeries
 
     W, L, C = 4 * MS, 300 * US, 20 * US
     sim = simcuda(1)
@@ -372,7 +373,7 @@ def test_with_asynchronous_batching_the_first_token_is_confirmed_a_turn_later(
     timeline = bp.timeline
     router = _Obj(deliver=lambda output: None, deliver_batch=lambda outputs: None)
     manager = _Obj(output_router=router, _create_batch_processor=lambda: bp, _run_generation_loop=lambda: None)
-    serving = ServingState(runtime(), MODEL, {"gen_ai.request.model": MODEL})
+    serving = ServingState(runtime(), MODEL, RequestSeries(runtime(), MODEL))
     serving.observe(manager)
     loop = manager._gpuprobe_loop
     with InMemoryExporter() as exp:
@@ -419,6 +420,7 @@ def test_with_asynchronous_batching_the_first_token_is_confirmed_a_turn_later(
 def test_a_request_that_never_gets_its_first_token_gives_its_events_back(simcuda: Any) -> None:
     """A prompt split over steps holds an open event from its first forward; the loop ends before its last chunk."""
     from gpuprobe.integrations._hf_continuous import ServingState
+    from gpuprobe.integrations._hf_series import RequestSeries
 
     sim = simcuda(1)
     torch.cuda.current_device()
@@ -427,7 +429,7 @@ def test_a_request_that_never_gets_its_first_token_gives_its_events_back(simcuda
     bp = AsyncProcessor(sim, plan, work=1 * MS, launch=100 * US, copy=10 * US, states=states)
     manager = _Obj(output_router=_Obj(deliver=lambda output: None, deliver_batch=lambda outputs: None),
                    _create_batch_processor=lambda: bp, _run_generation_loop=lambda: None)
-    serving = ServingState(runtime(), MODEL, {"gen_ai.request.model": MODEL})
+    serving = ServingState(runtime(), MODEL, RequestSeries(runtime(), MODEL))
     serving.observe(manager)
     loop = manager._gpuprobe_loop
     clock = runtime().backends.device_clock
