@@ -437,3 +437,17 @@ class _Obj:
 
     def __init__(self, **attrs: Any) -> None:
         self.__dict__.update(attrs)
+
+
+def test_generate_and_continuous_batching_record_into_the_same_request_series(model: Any) -> None:
+    # One model, both paths: each request-level GenAI series is one series (one point) holding both.
+    prompts = _prompts()
+    gen = transformers.GenerationConfig(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    model.generate(torch.tensor([prompts[0]]), generation_config=gen)
+    _generate(model, prompts)
+    for name in ("gen_ai.server.time_to_first_token", "gen_ai.server.request.duration",
+                 "gen_ai.server.time_per_output_token"):
+        points = [p for p in _points(name, **{"gen_ai.request.model": MODEL}) if p.labels.get("clock") != "device"]
+        assert len(points) == 1, (name, [p.labels for p in points])
+        assert points[0].labels["gen_ai.provider.name"] == "transformers"
+        assert points[0].count == 1 + len(prompts)
