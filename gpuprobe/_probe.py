@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import math
 import sys
 import threading
 import weakref
@@ -63,8 +64,6 @@ from collections.abc import Callable, Mapping
 from time import perf_counter_ns
 from types import TracebackType
 from typing import Any, TypeVar, overload
-
-import math
 
 from . import _sync_audit
 from .errors import ConfigError
