@@ -208,10 +208,13 @@ def test_the_kernel_samplers_sessions_get_no_ranges(make_model, monkeypatch):
     sampler = KernelSampler(1).attach()
     try:
         entered: list[str] = []
+        _hf_marks._bind_ranges()  # else bound at the first marked step, after the stand-in below
         real = _hf_marks._enter
         monkeypatch.setattr(_hf_marks, "_enter", lambda name, args: entered.append(name) or real(name, args))
         generate(model)
-        assert sampler.wait(30) and sampler.samples >= 5  # it sampled the steps (every step after the first)
+        # It sampled steps (each after the first, less those whose predecessor was still being read:
+        # on a loaded machine some are skipped, counted as kernel_sampling_busy).
+        assert sampler.wait(30) and sampler.samples >= 1
         assert entered == []
         with profile(activities=[ProfilerActivity.CPU]):
             generate(model)
