@@ -95,7 +95,8 @@ _GENERATE = """
     from transformers import LlamaConfig, LlamaForCausalLM
     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, vocab_size=128)).eval()
-    model.generate(torch.randint(3, 100, (1, 5)), max_new_tokens=4, do_sample=False)
+    # min_new_tokens: a randomly initialised model may pick its end-of-sequence token early
+    model.generate(torch.randint(3, 100, (1, 5)), max_new_tokens=4, min_new_tokens=4, do_sample=False)
     port = os.environ["GPUPROBE_PROMETHEUS_PORT"]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         sys.stdout.write(resp.read().decode())
