@@ -108,29 +108,37 @@ def parse_thresholds(items: Mapping[str, float] | Sequence[str] | None) -> dict[
         2.0
     """
     out = {name: t.default for name, t in THRESHOLDS.items()}
-    if not items:
-        return out
-    pairs: list[tuple[str, Any]]
-    if isinstance(items, Mapping):
-        pairs = list(items.items())
-    else:
-        pairs = []
-        for item in items:
-            name, sep, value = item.partition("=")
-            if not sep:
-                raise ConfigError(f"--threshold {item!r}: expected NAME=VALUE, e.g. host_sync.per_step=2")
-            pairs.append((name.strip(), value.strip()))
-    for name, value in pairs:
+    for name, value in threshold_pairs(items):
         if name not in THRESHOLDS:
             raise ConfigError(f"unknown threshold {name!r}; choose from {', '.join(THRESHOLDS)}")
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"threshold {name}: not a number: {value!r}") from None
-        if number != number or number < 0:
-            raise ConfigError(f"threshold {name}: must be a number at or above 0, not {value!r}")
-        out[name] = number
+        out[name] = threshold_number(name, value)
     return out
+
+
+def threshold_pairs(items: Mapping[str, Any] | Sequence[str] | None) -> list[tuple[str, Any]]:
+    """``(name, value)`` of threshold overrides given as a mapping or as ``NAME=VALUE`` texts."""
+    if not items:
+        return []
+    if isinstance(items, Mapping):
+        return [(str(name).strip(), value) for name, value in items.items()]
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--threshold {item!r}: expected NAME=VALUE, e.g. host_sync.per_step=2")
+        pairs.append((name.strip(), value.strip()))
+    return pairs
+
+
+def threshold_number(name: str, value: Any) -> float:
+    """A threshold's value: a number at or above 0."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"threshold {name}: not a number: {value!r}") from None
+    if number != number or number < 0:
+        raise ConfigError(f"threshold {name}: must be a number at or above 0, not {value!r}")
+    return number
 
 
 class _Context:

@@ -21,6 +21,7 @@ from gpuprobe._kernel_names import categorize_kernel, kernel_family, short_kerne
 from gpuprobe._ncu_args import COMPONENT_RANGES, STEP_RANGES
 from gpuprobe._nvtx import DOMAIN
 from gpuprobe.errors import ConfigError
+from gpuprobe.report._findings import threshold_number, threshold_pairs
 from gpuprobe.report._ncu import METRICS, NcuExport, NcuKernel, NcuRule, read_ncu
 from gpuprobe.report.model import SEVERITIES, FamiliesSection, Finding
 
@@ -93,22 +94,12 @@ def parse_ncu_thresholds(items: Mapping[str, float] | Sequence[str] | None) -> d
         70.0
     """
     out = {name: t.default for name, t in NCU_THRESHOLDS.items()}
-    pairs = items.items() if isinstance(items, Mapping) else [
-        tuple(item.split("=", 1)) if "=" in item else (item, "") for item in (items or [])
-    ]
-    for name, value in pairs:
-        name = str(name).strip()
+    for name, value in threshold_pairs(items):
         if not name.startswith("ncu."):
             continue
         if name not in NCU_THRESHOLDS:
             raise ConfigError(f"unknown threshold {name!r}; Nsight Compute thresholds: {', '.join(NCU_THRESHOLDS)}")
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"threshold {name} needs a number, not {value!r}") from None
-        if not math.isfinite(number) or number < 0:
-            raise ConfigError(f"threshold {name} must be a finite number >= 0, not {value!r}")
-        out[name] = number
+        out[name] = threshold_number(name, value)
     return out
 
 
