@@ -380,9 +380,9 @@ def _fits(obj: Any, seams: tuple[_seams.Seam, ...]) -> bool:
 class _Loop:
     """One manager's generation loop: the requests it runs, the open step, the last gauges written."""
 
-    def __init__(self, st: ServingState) -> None:
-        self.st = st
-        self.rt = st.rt
+    def __init__(self, serving: ServingState) -> None:
+        self.serving = serving
+        self.rt = serving.rt
         self.live: dict[str, _Req] = {}
         # Per batch until its update: the first-token candidates, and the device TTFT spans its forward ended.
         self.inflight: deque[tuple[list[tuple[_Req, Any]], list[_FirstSpan] | None]] = deque()
@@ -404,8 +404,8 @@ class _Loop:
         self.stream: Any = None  # the processor's compute stream
         self.dev_tok: Any = None
         self.attached: weakref.ref[Any] | None = None
-        self.finished_status = st.finished_status
-        self.failed_status = st.failed_status
+        self.finished_status = serving.finished_status
+        self.failed_status = serving.failed_status
 
     # -- the batch processor ---------------------------------------------------------------------
     def attach(self, bp: Any) -> None:
@@ -423,8 +423,8 @@ class _Loop:
             return
         self.attached = weakref.ref(bp)
         self._bind(bp)
-        st = self.st
-        install = st._install
+        serving = self.serving
+        install = serving._install
 
         # Every seam runs transformers' own method once, untouched (gpuprobe._seams.wrap); what gpuprobe
         # does around it is in hooks whose failure switches continuous-batching telemetry off.
@@ -519,7 +519,7 @@ class _Loop:
                 scheduler = self.scheduler
                 evicted = before - len(scheduler.active_requests) if scheduler is not None else 0
                 if evicted > 0:
-                    self.rt.thread_records().append((st.preempted, evicted))
+                    self.rt.thread_records().append((serving.preempted, evicted))
 
             install(offloader, SEAM_OFFLOAD, offload_before, offloaded)
 
@@ -528,7 +528,7 @@ class _Loop:
         self.scheduler, self.cache = bp.scheduler, bp.cache
         self._read_cache_geometry(bp.cache)
         self._place(bp)
-        self.rt.thread_records().append((self.st.kv_total, self.num_blocks))
+        self.rt.thread_records().append((self.serving.kv_total, self.num_blocks))
 
     def release(self) -> None:
         """Let go of the processor's parts, so they (and the KV cache) are freed when transformers drops it."""
@@ -608,7 +608,7 @@ class _Loop:
         restart selects is its next one.
         """
         records = self.records
-        ttft = self.st.request_series.ttft
+        ttft = self.serving.request_series.ttft
         gaps: list[int] = []
         for req, state in selected:
             if req.ended:
@@ -629,7 +629,7 @@ class _Loop:
             # apply_many cost 0.57 us on this thread + 0.65 us at the drain, against 0.89 + 3.7 us for a
             # record each (64 requests: 16 + 6 against 62 + 64 us); a lone request pays 0.3 us more
             # (fastest of 15 rounds of 2,000 updates, test CPU).
-            records.append((self.st.inter_token, gaps))
+            records.append((self.serving.inter_token, gaps))
 
     def landed(self, req: _Req) -> None:
         """``req``'s first token reached the host: its wait until its first launch joins its device span."""
@@ -734,15 +734,15 @@ class _Loop:
         if now == self.last:
             return
         self.last = now
-        st = self.st
-        records.append((st.running, running))
-        records.append((st.waiting, waiting))
-        records.append((st.kv_used, blocks))
-        records.append((st.kv_usage, usage))
+        serving = self.serving
+        records.append((serving.running, running))
+        records.append((serving.waiting, waiting))
+        records.append((serving.kv_used, blocks))
+        records.append((serving.kv_usage, usage))
 
     def open_step(self, records: Any, t0: int, t1: int) -> None:
         """A batch was scheduled: count the step, its tokens by phase, and its new requests."""
-        st = self.st
+        serving = self.serving
         batch = self.scheduled
         self.rt.steps.advance()  # profile windows and kernel sampling see continuous-batching steps too
         self.stepping = True
@@ -775,16 +775,16 @@ class _Loop:
             req = live.get(state.request_id)
             if req is None:
                 req = live[state.request_id] = _Req(state, _ns(state.created_time))
-                append((st.queue, max(0, t1 - req.arrival)))
+                append((serving.queue, max(0, t1 - req.arrival)))
                 if starting is not None:
                     if fs.has_new_token:  # its first token comes from this forward: the step's shared span
                         if admitted is None:
-                            admitted = _FirstSpan(st.ttft_dev)
+                            admitted = _FirstSpan(serving.ttft_dev)
                             starting.append(admitted)
                             stopping.append(admitted)  # type: ignore[union-attr]
                         req.span = admitted
                     else:  # its prompt goes on in later steps: a span of its own, open until then
-                        req.span = _FirstSpan(st.ttft_dev)
+                        req.span = _FirstSpan(serving.ttft_dev)
                         starting.append(req.span)
             if fs.has_new_token:
                 selected.append((req, state))
@@ -799,11 +799,11 @@ class _Loop:
         self.next_tokens = next_tokens
         self.starting = starting or None
         self.stopping = stopping or None
-        append((st.batch_requests, len(batch)))  # type: ignore[arg-type]
+        append((serving.batch_requests, len(batch)))  # type: ignore[arg-type]
         if prefill:
-            append((st.tokens_prefill, prefill))
+            append((serving.tokens_prefill, prefill))
         if decode:
-            append((st.tokens_decode, decode))
+            append((serving.tokens_decode, decode))
         self.phase = 2 if prefill and decode else (0 if prefill else 1)
         self.step_t0 = t0
         self.sched_ns = t1 - t0
@@ -811,21 +811,21 @@ class _Loop:
         self.open = True
 
     def close_step(self, t: int, update_ns: int) -> None:
-        st = self.st
+        serving = self.serving
         records = self.records
         append = records.append
         dur = t - self.step_t0
         phase = self.phase
-        append((st.step_host[phase], dur))
-        append((st.c_schedule, self.sched_ns))
-        append((st.c_forward, self.fwd_ns))
+        append((serving.step_host[phase], dur))
+        append((serving.c_schedule, self.sched_ns))
+        append((serving.c_forward, self.fwd_ns))
         if update_ns:
-            append((st.c_update, update_ns))
+            append((serving.c_update, update_ns))
         tok = self.dev_tok
         if tok is not None:
             # The forward's device span is the device inter-token latency of each next token it selects.
             n = self.next_tokens
-            append((self.rt.pending.apply, (st.decode_spans(phase, n) if n else st.step_dev[phase], tok)))
+            append((self.rt.pending.apply, (serving.decode_spans(phase, n) if n else serving.step_dev[phase], tok)))
             self.dev_tok = None
         self.open = False
         if len(records) >= self.rt.buffer_size:
@@ -841,12 +841,12 @@ class _Loop:
         now = perf_counter_ns()
         arrival = req.arrival if req is not None else _ns(output.created_time)
         dur = max(0, now - arrival)
-        st = self.st
+        serving = self.serving
         records = self.rt.thread_records()
         append = records.append
         if output.status == self.failed_status or output.error is not None:
-            append((st.req_failed, dur))
-            append((st.finished["failed"], 1))
+            append((serving.req_failed, dur))
+            append((serving.finished["failed"], 1))
             if req is not None:
                 req.ended = True
                 if req.span is not None:
@@ -854,7 +854,7 @@ class _Loop:
             return
         tokens = output.generated_tokens
         n_out = len(tokens)
-        requests = st.request_series
+        requests = serving.request_series
         append((requests.request_ok, dur))
         append((requests.usage_in, len(output.prompt_ids)))
         append((requests.usage_out, n_out))
@@ -869,7 +869,7 @@ class _Loop:
         elif req is not None and n_out > req.tokens:
             # Its last token, delivered now (the update's own check then counts it no second time): its
             # inter-token samples add up to its duration less its TTFT.
-            append((st.inter_token, [now - req.tok_t]))
+            append((serving.inter_token, [now - req.tok_t]))
         if req is not None:
             req.ended = True
             if req.span is not None:
@@ -878,7 +878,7 @@ class _Loop:
         if tpot is not None:
             append((requests.tpot, tpot))
         reason = "stop" if _ends_with_eos(req.state if req is not None else None, tokens) else "length"
-        append((st.finished[reason], 1))
+        append((serving.finished[reason], 1))
 
     def cancel(self, request_id: str) -> None:
         """The scheduler was told to cancel a request (the client went away)."""
@@ -895,8 +895,8 @@ class _Loop:
         if req is not None and req.span is not None:  # on the loop's thread (prepare_next_batch applies them)
             self.forget_span(req)
         arrival = req.arrival if req is not None else _ns(state.created_time)
-        st = self.st
+        serving = self.serving
         records = self.rt.thread_records()
-        records.append((st.req_cancelled, max(0, perf_counter_ns() - arrival)))
-        records.append((st.finished["cancelled"], 1))
+        records.append((serving.req_cancelled, max(0, perf_counter_ns() - arrival)))
+        records.append((serving.finished["cancelled"], 1))
 

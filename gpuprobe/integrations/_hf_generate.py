@@ -18,8 +18,9 @@ How a generation step is seen (transformers 5.x, ``_sample`` and ``_beam_search`
 Every seam (:mod:`gpuprobe._seams`) is looked up on the instance by transformers (``self.<name>(...)``),
 so each is installed as an instance attribute: a method bound to the model whose function reads the
 model's state from ``model.__dict__``, runs the original once with the arguments as passed, and keeps
-gpuprobe's work in guarded hooks (its failure switches the loop's seams off, never the program). ``copy.deepcopy`` rebinds such methods to the copy, and the state deep-copies
-(and pickles) to ``None``, so a copy of an instrumented model is a plain, uninstrumented model.
+gpuprobe's work in guarded hooks (its failure switches the loop's seams off, never the program).
+``copy.deepcopy`` rebinds such methods to the copy, and the state deep-copies (and pickles) to ``None``,
+so a copy of an instrumented model is a plain, uninstrumented model.
 
 Steps tile the decoding loop: a step runs from the return of one ``_has_unfinished_sequences`` call
 to the return of the next (step 0 from the ``_prefill`` call), so ``forward + logits processors +
@@ -120,10 +121,11 @@ class _Call:
 
     __slots__ = (
         "t0", "records", "nv", "clock", "device", "devices", "step", "step_t0", "step_open", "seen_check",
-        "prefilled", "in_fwd", "fwd_t0", "fwd_ns", "lp_ns", "sc_ns", "st_ns", "streamed", "dev_tok", "depth",
+        "prefilled", "in_fwd", "fwd_t0", "fwd_ns", "processors_ns", "criteria_ns", "streamer_ns", "streamed",
+        "dev_tok", "depth",
         "prompt_len", "batch", "cache", "layers_on", "layer_stack", "compiled", "live", "util",
         "marks", "audit",
-        "call_tok", "deferred", "tok_t", "ttft_ns", "held",  # latencies of the tokens (see token_on_host)
+        "call_tok", "deferred", "tok_t", "ttft_ns", "held_record",  # latencies of the tokens (see token_on_host)
         "args", "kwargs", "inputs", "prev", "undo", "boundary", "layer_next",
     )
 
@@ -142,9 +144,9 @@ class _Call:
         self.in_fwd = False
         self.fwd_t0 = 0
         self.fwd_ns = 0
-        self.lp_ns = 0
-        self.sc_ns = -1
-        self.st_ns = 0
+        self.processors_ns = 0
+        self.criteria_ns = -1
+        self.streamer_ns = 0
         self.streamed = False
         self.dev_tok: Any = None
         self.depth = 0  # NVTX ranges this call opened outside try/finally blocks (step, forward)
@@ -162,7 +164,7 @@ class _Call:
         self.deferred = False  # transformers reads each step's token on the host one step late
         self.tok_t = 0  # host time the last output token reached the host
         self.ttft_ns = -1  # host TTFT of this call, once the first token reached the host
-        self.held: Any = None  # deferred: the last decode step's device record, until its token is known kept
+        self.held_record: Any = None  # deferred: the last decode step's device record, until its token is known kept
         self.args: Any = None  # the call's arguments, as passed (read, never changed)
         self.kwargs: Any = None
         self.inputs: Any = None  # generate()'s `inputs` parameter, read by name
@@ -479,8 +481,8 @@ class ModelState:
         ctx.step += 1
         ctx.step_open = True
         ctx.step_t0 = t
-        ctx.fwd_ns = ctx.lp_ns = ctx.st_ns = 0
-        ctx.sc_ns = -1
+        ctx.fwd_ns = ctx.processors_ns = ctx.streamer_ns = 0
+        ctx.criteria_ns = -1
         ctx.streamed = False
         nv = ctx.nv
         if nv is not None:
@@ -554,15 +556,15 @@ class ModelState:
         if ctx.call_tok is not None:  # no step ended (a failure before the first token): no device TTFT
             ctx.clock.discard(ctx.clock.stop(ctx.call_tok))
             ctx.call_tok = None
-        held = ctx.held
+        held_record = ctx.held_record
         if ctx.deferred and not failed and ctx.step >= 0:
             if n_out is None or n_out > ctx.step:
                 self.token_on_host(ctx, t)
-            elif held is not None:  # the undone step ran, but selected no output token
-                held[1][0].itl = None
-        if held is not None:
-            ctx.held = None
-            ctx.records.append(held)
+            elif held_record is not None:  # the undone step ran, but selected no output token
+                held_record[1][0].itl = None
+        if held_record is not None:
+            ctx.held_record = None
+            ctx.records.append(held_record)
 
     def close_step(self, ctx: _Call, t: int, chain: bool = False) -> None:
         """End the running step at ``t``; ``chain``: the next step opens at once, starting at this one's end event."""
@@ -597,7 +599,7 @@ class ModelState:
             else:  # the device step time, then MBU/MFU from it, once the events are read
                 rec = (util.device_step, (target, pending, ctx.batch, ctx.prompt_len, ctx.step))
             if decode and ctx.deferred:  # kept back one step: the token of the last step run may be undone
-                rec, ctx.held = ctx.held, rec
+                rec, ctx.held_record = ctx.held_record, rec
             if rec is not None:
                 append(rec)
             ctx.dev_tok = None
@@ -614,14 +616,14 @@ class ModelState:
                 append((self.rt.pending.apply, target))
             else:
                 append((self.rt.pending.apply, (self.request_series.ttft_device, ctx.clock.stop(call_tok))))
-        other = dur - ctx.fwd_ns - ctx.lp_ns
+        other = dur - ctx.fwd_ns - ctx.processors_ns
         append((self.c_forward, ctx.fwd_ns))
-        if ctx.sc_ns >= 0:
-            append((self.c_stopping, ctx.sc_ns))
-            other -= ctx.sc_ns
+        if ctx.criteria_ns >= 0:
+            append((self.c_stopping, ctx.criteria_ns))
+            other -= ctx.criteria_ns
         if ctx.streamed:
-            append((self.c_streamer, ctx.st_ns))
-            other -= ctx.st_ns
+            append((self.c_streamer, ctx.streamer_ns))
+            other -= ctx.streamer_ns
         append((self.c_other, other))
         if decode or not ctx.deferred:  # this step's token (deferred: the previous step's) is on the host now
             # token_on_host written out for the common case (one Python call fewer per decode step).
@@ -875,9 +877,9 @@ class _Timed:
     __slots__ = ("_gp_inner", "_gp_state", "_gp_name", "_gp_child")
     _gp_seam: _seams.Seam = SEAM_PROCESSOR
 
-    def __init__(self, inner: Any, st: ModelState, name: str, child: Any) -> None:
+    def __init__(self, inner: Any, state: ModelState, name: str, child: Any) -> None:
         object.__setattr__(self, "_gp_inner", inner)
-        object.__setattr__(self, "_gp_state", st)
+        object.__setattr__(self, "_gp_state", state)
         object.__setattr__(self, "_gp_name", name)
         object.__setattr__(self, "_gp_child", child)
 
@@ -886,8 +888,8 @@ class _Timed:
         # call per element and step (the template's replacement and hooks would be four: +3 per element).
         # The element runs exactly once; gpuprobe's own failure switches the seam off.
         inner = self._gp_inner
-        st = self._gp_state
-        ctx = getattr(st.tls, "ctx", None)
+        state = self._gp_state
+        ctx = getattr(state.tls, "ctx", None)
         seam = self._gp_seam
         if ctx is None or not ctx.step_open or not seam.switch.on:
             return inner(*args, **kwargs)
@@ -895,7 +897,7 @@ class _Timed:
         try:
             nv = ctx.nv
             if nv is not None:
-                nv.push(st.nvtx(nv, self._gp_message, self._gp_kind, ctx.step))
+                nv.push(state.nvtx(nv, self._gp_message, self._gp_kind, ctx.step))
             marks = ctx.marks
             if marks is not None:
                 mark = marks.begin(self._gp_where, self._gp_range)
@@ -923,9 +925,9 @@ class _Timed:
             child = self._gp_child
             if child is not None:  # a logits processor: its own series, and the step's processor time
                 ctx.records.append((child, dt))
-                ctx.lp_ns += dt
+                ctx.processors_ns += dt
             else:  # a stopping criterion: the stopping_criteria component
-                ctx.sc_ns = (ctx.sc_ns if ctx.sc_ns > 0 else 0) + dt
+                ctx.criteria_ns = (ctx.criteria_ns if ctx.criteria_ns > 0 else 0) + dt
         except Exception as exc:
             seam.fail(exc)
         return result
@@ -1013,7 +1015,7 @@ def _stand_in_type(base: type, element_type: type) -> type:
     return cls
 
 
-def _time_elements(lst: Any, ctx: _Call, st: ModelState, base: type) -> None:
+def _time_elements(lst: Any, ctx: _Call, state: ModelState, base: type) -> None:
     """Put stand-ins in place of the elements of ``lst`` (transformers' list for this call); the call's
     end puts the elements back."""
     if not isinstance(lst, list) or not lst:
@@ -1022,8 +1024,8 @@ def _time_elements(lst: Any, ctx: _Call, st: ModelState, base: type) -> None:
     for i, element in enumerate(lst):
         if isinstance(type(element), type) and issubclass(type(element), _Timed):
             continue  # already timed (a list built once and passed again)
-        child, name = st.element_info(element, base is _TimedCriterion)
-        lst[i] = _stand_in_type(base, type(element))(element, st, name, child)
+        child, name = state.element_info(element, base is _TimedCriterion)
+        lst[i] = _stand_in_type(base, type(element))(element, state, name, child)
         swapped = True
     if swapped:
         ctx.undo.append(lambda: _untime_elements(lst))
@@ -1035,7 +1037,7 @@ def _untime_elements(lst: list[Any]) -> None:
             lst[i] = element._gp_inner
 
 
-def _time_streamer(streamer: Any, ctx: _Call, st: ModelState) -> Callable[[], Any] | None:
+def _time_streamer(streamer: Any, ctx: _Call, state: ModelState) -> Callable[[], Any] | None:
     """Time ``streamer.put`` inside steps for this call (the caller's streamer object itself is passed on);
     returns what puts ``put`` back. A streamer whose attributes cannot be set is not timed."""
     seam = SEAM_STREAMER
@@ -1049,7 +1051,7 @@ def _time_streamer(streamer: Any, ctx: _Call, st: ModelState) -> Callable[[], An
             return None
         nv = ctx.nv
         if nv is not None:
-            nv.push(st.nvtx(nv, "streamer", "component", ctx.step))
+            nv.push(state.nvtx(nv, "streamer", "component", ctx.step))
         marks = ctx.marks
         mark = marks.begin(STREAMER, "streamer") if marks is not None else None
         return (perf_counter_ns(), mark)
@@ -1058,7 +1060,7 @@ def _time_streamer(streamer: Any, ctx: _Call, st: ModelState) -> Callable[[], An
         if token is None:
             return
         t0, mark = token
-        ctx.st_ns += perf_counter_ns() - t0
+        ctx.streamer_ns += perf_counter_ns() - t0
         ctx.streamed = True
         if mark is not None:
             ctx.marks.end(mark)  # type: ignore[union-attr]
@@ -1089,40 +1091,40 @@ SEAM_CONTINUOUS = _method_seam("init_continuous_batching", "continuous_batching"
                                group="transformers.continuous_batching", scenario="generate_batch")
 
 
-def _generate_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call | None:
-    return st.begin_call(args, kwargs, st.readers["generate"])
+def _generate_before(state: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call | None:
+    return state.begin_call(args, kwargs, state.readers["generate"])
 
 
-def _generate_after(st: ModelState, ctx: _Call | None, result: Any, error: BaseException | None) -> None:
+def _generate_after(state: ModelState, ctx: _Call | None, result: Any, error: BaseException | None) -> None:
     if ctx is not None:
-        st.end_call(ctx, result, error)
+        state.end_call(ctx, result, error)
 
 
-def _prefill_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    ctx = getattr(st.tls, "ctx", None)
+def _prefill_before(state: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    ctx = getattr(state.tls, "ctx", None)
     if ctx is None or not ctx.live:
         return
     t = perf_counter_ns()
     if ctx.step_open:  # a second prefill in one call (unusual): close what runs
-        st.close_step(ctx, t)
-    ids = st.readers["_prefill"].get(args, kwargs, "input_ids")
+        state.close_step(ctx, t)
+    ids = state.readers["_prefill"].get(args, kwargs, "input_ids")
     shape = getattr(ids, "shape", None)
     if shape is not None and len(shape) >= 2:
         ctx.prompt_len = int(shape[-1])
         ctx.batch = int(shape[0])
-        ctx.records.append((st.batch, ctx.batch))
-    st.place_call(st.model(), ctx, ids)
+        ctx.records.append((state.batch, ctx.batch))
+    state.place_call(state.model(), ctx, ids)
     ctx.prefilled = True
     ctx.seen_check = False
-    st.open_step(ctx, t, decode=False)
+    state.open_step(ctx, t, decode=False)
 
 
-def _check_after(st: ModelState, token: None, more: Any, error: BaseException | None) -> None:
+def _check_after(state: ModelState, token: None, more: Any, error: BaseException | None) -> None:
     # Why one hook after the check (not one before and one after): a decode step then costs two Python
     # calls fewer (of the 15.75 gpuprobe made per greedy step before, 9.75 now; benchmarks/RESULTS-probe.md); the check
     # itself (a few host operations) moves into the step that ends, the two steps still tile the loop.
     t = perf_counter_ns()
-    ctx = getattr(st.tls, "ctx", None)
+    ctx = getattr(state.tls, "ctx", None)
     if ctx is None or not ctx.prefilled:
         return
     if ctx.step_open and not ctx.seen_check:
@@ -1132,42 +1134,42 @@ def _check_after(st: ModelState, token: None, more: Any, error: BaseException | 
         return
     more = error is None and bool(more)
     if ctx.step_open:
-        st.close_step(ctx, t, chain=more)
+        state.close_step(ctx, t, chain=more)
     if more:
-        st.open_step(ctx, t, decode=True)
+        state.open_step(ctx, t, decode=True)
 
 
-def _update_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _update_before(state: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     t = perf_counter_ns()
-    ctx = getattr(st.tls, "ctx", None)
+    ctx = getattr(state.tls, "ctx", None)
     if ctx is not None and ctx.in_fwd:
-        st.end_forward(ctx, t)
+        state.end_forward(ctx, t)
         if ctx.cache is None:
-            outputs = st.readers["_update_model_kwargs_for_generation"].get(args, kwargs, "outputs")
+            outputs = state.readers["_update_model_kwargs_for_generation"].get(args, kwargs, "outputs")
             ctx.cache = model_output_cache(outputs)
 
 
-def _logits_after(st: ModelState, token: None, result: Any, error: BaseException | None) -> None:
-    ctx = getattr(st.tls, "ctx", None)
+def _logits_after(state: ModelState, token: None, result: Any, error: BaseException | None) -> None:
+    ctx = getattr(state.tls, "ctx", None)
     if ctx is not None and error is None:
-        _time_elements(result, ctx, st, _Timed)
+        _time_elements(result, ctx, state, _Timed)
 
 
-def _stopping_after(st: ModelState, token: None, result: Any, error: BaseException | None) -> None:
-    ctx = getattr(st.tls, "ctx", None)
+def _stopping_after(state: ModelState, token: None, result: Any, error: BaseException | None) -> None:
+    ctx = getattr(state.tls, "ctx", None)
     if ctx is not None and error is None:
-        _time_elements(result, ctx, st, _TimedCriterion)
+        _time_elements(result, ctx, state, _TimedCriterion)
 
 
-def _compiled_before(st: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    ctx = getattr(st.tls, "ctx", None)
+def _compiled_before(state: ModelState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    ctx = getattr(state.tls, "ctx", None)
     if ctx is not None:
         ctx.compiled = True  # forward hooks inside a compiled forward would break its graph
 
 
-def _continuous_after(st: ModelState, token: None, manager: Any, error: BaseException | None) -> None:
+def _continuous_after(state: ModelState, token: None, manager: Any, error: BaseException | None) -> None:
     if error is None:
-        st.observe_manager(manager)
+        state.observe_manager(manager)
 
 
 class MethodSeam:
