@@ -23,7 +23,7 @@ import shutil
 import subprocess
 from typing import Any, NamedTuple
 
-from gpuprobe.report._errors import ReportInputError
+from gpuprobe.report._errors import ReportInputError, read_input
 
 __all__ = [
     "METRICS",
@@ -551,17 +551,7 @@ def read_ncu(path: str | os.PathLike[str], fmt: str | None = None) -> NcuExport:
         9
     """
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ReportInputError(path, "no such file") from None
-    except IsADirectoryError:
-        raise ReportInputError(path, "is a directory, not an Nsight Compute export") from None
-    except OSError as exc:
-        raise ReportInputError(path, f"cannot read: {exc.strerror or exc}") from None
-    if not data:
-        raise ReportInputError(path, "empty file")
+    data = read_input(path, what="an Nsight Compute export")
     fmt = fmt or sniff(data[:SNIFF_BYTES])
     if fmt == "ncu-rep":
         module = _import_ncu_report()

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpuprobe.errors import ConfigError
-from gpuprobe.report._errors import ReportInputError
+from gpuprobe.report._errors import ReportInputError, read_input
 from gpuprobe.report._events import Event, TraceInfo
 from gpuprobe.report._kineto import (
     MalformedEventError,
@@ -175,19 +175,7 @@ def load(path: str | os.PathLike[str], engine: str = "stdlib", process: int | No
     path = os.fspath(path)
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(16)
-    except FileNotFoundError:
-        raise ReportInputError(path, "no such file") from None
-    except IsADirectoryError:
-        raise ReportInputError(path, "is a directory, not a trace file") from None
-    except PermissionError:
-        raise ReportInputError(path, "permission denied") from None
-    except OSError as exc:
-        raise ReportInputError(path, f"cannot read: {exc.strerror or exc}") from None
-    if not head:
-        raise ReportInputError(path, "empty file")
+    head = read_input(path, 16)
     if head.startswith(_SQLITE_MAGIC):
         return Trace(path, "nsys-sqlite", process=process)
     if process is not None:
