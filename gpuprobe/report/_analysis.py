@@ -109,7 +109,7 @@ def analyze(
     sections: Sequence[str] = (),
     step_pattern: str | None = None,
     small_us: float = 5.0,
-    engine: str = "stdlib",
+    engine: str = "auto",
     backend: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     thresholds: Mapping[str, float] | Sequence[str] | None = None,
@@ -123,7 +123,7 @@ def analyze(
         step_pattern: Regular expression (``re.search``) naming step ranges; by default gpuprobe
             step ranges (``gpuprobe.step``, ``decode``, ``prefill``, ``step``), else ``ProfilerStep#N``.
         small_us: Kernels with a mean below this many microseconds count as small operations.
-        engine: ``"stdlib"`` or ``"ijson"`` (kineto JSON only; both give the same events).
+        engine: One of :data:`gpuprobe.report.loaders.ENGINES` (kineto JSON only; all give the same events).
         backend: ``"auto"``, ``"numpy"`` or ``"python"``: how columns are crunched after the pass
             (the same report either way; ``auto`` takes numpy for large traces).
         progress: Called with ``(done, total)`` bytes (rows for nsys) while reading.

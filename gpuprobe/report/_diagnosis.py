@@ -783,10 +783,11 @@ def _concat(
     wanted = CONCAT_OPS | _IN_PLACE_CACHE_OPS | FUSED_ATTENTION_OPS | SOFTMAX_OPS
     name_of = {i: n for i, n in enumerate(cpu_names) if n in wanted}
     by_name: dict[str, list[tuple[int, int, int, int]]] = {}
-    for i, nid in enumerate(cpu.name_id):
-        name = name_of.get(nid)
-        if name is not None and inside_forward(cpu.thread_id[i], cpu.start[i]):
-            by_name.setdefault(name, []).append((cpu.thread_id[i], cpu.start[i], cpu.dur[i], sizes.get(i, -1)))
+    for i in cols.rows_named(cpu.name_id, name_of):
+        name = name_of[cpu.name_id[i]]
+        if inside_forward(cpu.thread_id[i], cpu.start[i]):
+            size = sizes.get(i, -1) if name in CONCAT_OPS else -1  # only concatenations have sizes
+            by_name.setdefault(name, []).append((cpu.thread_id[i], cpu.start[i], cpu.dur[i], size))
     hits = sorted(r for n in CONCAT_OPS for r in by_name.get(n, ()))
     writes = sorted(r for n in _IN_PLACE_CACHE_OPS for r in by_name.get(n, ()))
     attention = [sorted(rows) for n, rows in by_name.items() if n in FUSED_ATTENTION_OPS or n in SOFTMAX_OPS]
@@ -846,26 +847,7 @@ def _flops(scan: TraceScan, cols: Columns, cpu_names: list[str], gpu_known: bool
     cpu = scan.cpu_op_rows
     if not cpu.flops:
         return None
-    rows_of = list(cpu.flops)
-    time_ns: dict[int, int] = {}
-    if gpu_known:
-        # the kernels launched while each operator ran, on its thread: one vectorized search per thread
-        by_thread: dict[int, list[int]] = {}
-        for i in rows_of:
-            by_thread.setdefault(cpu.thread_id[i], []).append(i)
-        for thread, members in by_thread.items():
-            ends = [cpu.start[i] + cpu.dur[i] for i in members]
-            time_ns.update(zip(members, cols.kernel_ns_between(thread, [cpu.start[i] for i in members], ends)))
-    else:
-        time_ns = {i: cpu.dur[i] for i in rows_of}
-    by_op: dict[int, list[int]] = {}  # name id -> [count, flops, time ns]
-    for i, flops in cpu.flops.items():
-        acc = by_op.get(cpu.name_id[i])
-        if acc is None:
-            acc = by_op[cpu.name_id[i]] = [0, 0, 0]
-        acc[0] += 1
-        acc[1] += flops
-        acc[2] += time_ns[i]
+    by_op = cols.flops_by_operator(cpu, gpu_known)  # name id -> (count, flops, time ns)
     rows: list[FlopsRow] = []
     by_cat: dict[str, list[int]] = {}
     for nid, (count, flops, ns) in by_op.items():

@@ -126,7 +126,7 @@ def diff(
     tokens_b: int | None = None,
     top: int = 20,
     step_pattern: str | None = None,
-    engine: str = "stdlib",
+    engine: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     thresholds: Mapping[str, float] | Sequence[str] | None = None,
     jobs: int | None = None,

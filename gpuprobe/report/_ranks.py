@@ -156,7 +156,7 @@ def analyze_ranks(
     top: int = 20,
     step_pattern: str | None = None,
     small_us: float = 5.0,
-    engine: str = "stdlib",
+    engine: str = "auto",
     jobs: int | None = None,
     thresholds: Any = None,
     progress: Callable[[int, int], None] | None = None,

@@ -107,7 +107,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="regular expression for step range names (default: gpuprobe.step, decode, prefill, step; "
         "else ProfilerStep#N)",
     )
-    parser.add_argument("--engine", choices=ENGINES, default="stdlib", help="JSON reader (default: stdlib)")
+    parser.add_argument("--engine", choices=ENGINES, default="auto",
+                        help="JSON reader (default: auto, msgspec when installed, else stdlib; all give the same events)")
     progress = parser.add_mutually_exclusive_group()
     progress.add_argument(
         "--progress",

@@ -13,7 +13,7 @@ import pytest
 
 from gpuprobe.report import Event, ReportInputError, load, us_to_ns
 from gpuprobe.report._events import FloatText
-from gpuprobe.report._kineto import iter_raw_stdlib
+from gpuprobe.report._kineto import iter_raw_text
 
 GPU_TRACES = ["kineto/hta_sampled_rank-0.json.gz", "kineto/hta_triton_example.json.gz", "kineto_min.json"]
 
@@ -64,22 +64,39 @@ def test_every_raw_kernel_becomes_one_event_with_exact_times(data_dir: Path, raw
     assert got == expected
 
 
+@pytest.mark.parametrize("engine", ["ijson", "msgspec"])
 @pytest.mark.parametrize("name", GPU_TRACES)
-def test_the_ijson_reference_engine_gives_the_same_events(data_dir: Path, name: str) -> None:
-    pytest.importorskip("ijson")
-    assert events(data_dir / name, "ijson") == events(data_dir / name, "stdlib")
+def test_every_engine_gives_the_events_of_the_stdlib_one(data_dir: Path, name: str, engine: str) -> None:
+    pytest.importorskip(engine)
+    assert events(data_dir / name, engine) == events(data_dir / name, "stdlib")
 
 
-def test_engines_agree_on_a_trace_recorded_here(cpu_traces: dict[str, Path]) -> None:
-    pytest.importorskip("ijson")
-    assert events(cpu_traces["plain"], "ijson") == events(cpu_traces["plain"], "stdlib")
+@pytest.mark.parametrize("engine", ["ijson", "msgspec"])
+def test_engines_agree_on_a_trace_recorded_here(cpu_traces: dict[str, Path], engine: str) -> None:
+    pytest.importorskip(engine)
+    assert events(cpu_traces["plain"], engine) == events(cpu_traces["plain"], "stdlib")
+
+
+def test_auto_takes_msgspec_when_installed(kineto_min: Path) -> None:
+    pytest.importorskip("msgspec")
+    assert load(kineto_min).engine == "msgspec"
+
+
+def test_without_msgspec_auto_falls_back_and_msgspec_asks_for_it(monkeypatch: pytest.MonkeyPatch, kineto_min: Path) -> None:
+    from gpuprobe.errors import MissingDependencyError
+    from gpuprobe.report import _kineto
+
+    monkeypatch.setattr(_kineto, "_TYPED", [None])  # as if msgspec could not be imported
+    assert load(kineto_min).engine == "stdlib"
+    with pytest.raises(MissingDependencyError, match="msgspec"):
+        load(kineto_min, engine="msgspec")
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 4096])
 def test_chunk_boundaries_anywhere_give_the_same_elements(kineto_min: Path, chunk: int) -> None:
     text = kineto_min.read_text()
     meta: dict[str, Any] = {}
-    items = list(iter_raw_stdlib(io.StringIO(text), meta, chunk=chunk))
+    items = list(iter_raw_text(io.StringIO(text), meta, chunk=chunk))
     whole = json.loads(text, parse_float=FloatText)
     assert items == whole["traceEvents"]
     assert meta["baseTimeNanoseconds"] == whole["baseTimeNanoseconds"]
@@ -219,7 +236,7 @@ def _raw(text: str, chunk: int, batches: bool, monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(_kineto, "_MISSES", _kineto._MISSES if batches else 0)
     meta: dict[str, Any] = {}
-    return list(iter_raw_stdlib(io.StringIO(text), meta, chunk=chunk)), meta
+    return list(iter_raw_text(io.StringIO(text), meta, chunk=chunk)), meta
 
 
 @pytest.mark.parametrize("indent", [None, 2])
@@ -277,3 +294,108 @@ def test_batches_decode_many_elements_per_call(monkeypatch: pytest.MonkeyPatch, 
     got, _ = _raw(text, 1 << 20, True, monkeypatch)
     assert got == json.loads(text, parse_float=FloatText)["traceEvents"]
     assert len(calls) < len(events) / 10
+
+
+# The msgspec engine: typed records for batches msgspec reads, json's values for the rest; both
+# turn into the same events as json's values one by one.
+
+
+def _outcomes(items: list[Any]) -> list[Any]:
+    from gpuprobe.report._kineto import MalformedEventError, to_event
+
+    out: list[Any] = []
+    for item in items:
+        try:
+            out.append(to_event(item))
+        except MalformedEventError:
+            out.append("malformed")
+    return out
+
+
+def _typed(text: str, chunk: int) -> list[Any]:
+    return list(iter_raw_text(io.StringIO(text), {}, chunk=chunk, typed=True))
+
+
+_time = st.one_of(
+    st.integers(-(10**15), 10**15),
+    st.decimals(min_value=-(10**12), max_value=10**12, allow_nan=False, allow_infinity=False, places=3).map(float),
+    st.sampled_from([1e300, -0.0, 2.5e-7, 10**30]),
+    st.none(),
+    _TRICKY_TEXT,
+)
+_ident = st.one_of(st.integers(-5, 5), st.integers(2**62 - 2, 2**64), st.text(max_size=3), st.none(), st.floats(allow_nan=False, allow_infinity=False))
+_args = st.one_of(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "correlation": _ident, "stream": _ident, "device": _ident, "bytes": _ident, "flops": _ident,
+            "Input Dims": st.recursive(st.integers(0, 64) | st.none(), lambda inner: st.lists(inner, max_size=3), max_leaves=6),
+            "other": _value,
+        },
+    ),
+    _value,
+)
+_event = st.fixed_dictionaries(
+    {"ph": st.sampled_from(["X", "X", "X", "s", "f", "M", 1, None])},
+    optional={
+        "cat": st.sampled_from(["kernel", "cuda_runtime", "cpu_op", "gpu_memcpy", "gpu_memset", "user_annotation", "cuda_sync", "ac2g", 3]),
+        "name": st.sampled_from(["aten::mm", "aten::cat", "aten::add", "cudaLaunchKernel", "Memcpy DtoH (Device -> Pinned)", "k},"]) | _ident,
+        "ts": _time, "dur": _time, "pid": _ident, "tid": _ident, "args": _args, "id": _value,
+    },
+)
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_typed_batches_give_the_events_of_json_values_one_by_one(indent: int | None) -> None:
+    hypothesis = pytest.importorskip("hypothesis")
+    pytest.importorskip("msgspec")
+
+    typed_records = []
+
+    @hypothesis.settings(deadline=None, derandomize=True, database=None, max_examples=400,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(events=st.lists(_event, max_size=12), odd=st.lists(_value, max_size=1),
+                      chunk=st.sampled_from([5, 64, 1 << 20]))
+    def check(events: list[Any], odd: list[Any], chunk: int) -> None:
+        text = json.dumps({"traceEvents": events + odd}, indent=indent)
+        with pytest.MonkeyPatch.context() as mp:
+            single, _ = _raw(text, chunk, False, mp)
+        typed = _typed(text, chunk)
+        typed_records.append(sum(type(item) is not dict for item in typed))
+        assert _outcomes(typed) == _outcomes(single)
+
+    check()
+    assert sum(1 for n in typed_records if n) > len(typed_records) / 4  # msgspec read many batches
+
+
+def test_typed_batches_hold_records_and_read_what_json_reads(kineto_min: Path) -> None:
+    pytest.importorskip("msgspec")
+    text = json.dumps({"traceEvents": json.loads(kineto_min.read_text())["traceEvents"] * 200}, indent=2)
+    items = _typed(text, 1 << 20)
+    assert sum(type(item) is not dict for item in items) > len(items) * 0.9  # msgspec's records
+    whole = json.loads(text, parse_float=FloatText)["traceEvents"]
+    assert _outcomes(items) == _outcomes(whole)
+
+
+@pytest.mark.parametrize(
+    "element",
+    [
+        '{"ph": "X", "cat": "kernel", "name": "a", "name": "b", "ts": 1.000, "dur": 2}',  # a repeated key: the last
+        '{"ph": "X", "cat": "kernel", "name": "\\ud800", "ts": 1, "dur": 2}',  # a lone surrogate (json reads it)
+        '{"ph": "X", "cat": "kernel", "name": "k", "ts": NaN, "dur": 2}',  # json's NaN: not a time
+        '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5e3, "dur": 2.500, "args": [1]}',  # args not an object
+        '{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 12345678901234.567, "dur": 0.001, "args": {"bytes": 99999999999999999999}}',
+    ],
+)
+def test_text_msgspec_reads_otherwise_or_not_at_all_gives_json_events(element: str) -> None:
+    pytest.importorskip("msgspec")
+    text = '{"traceEvents": [' + ", ".join([element] * 3000) + "]}"
+    one = json.loads("[" + element + "]", parse_float=FloatText, parse_constant=lambda name: name)[0]
+    try:
+        from gpuprobe.report._kineto import TraceFormatError
+
+        got = _outcomes(_typed(text, 1 << 16))
+    except TraceFormatError:
+        assert "NaN" in element  # json's own reader refuses it too
+        return
+    assert got == _outcomes([one] * 3000)
