@@ -1318,7 +1318,7 @@ def _kineto_event_class(torch: Any) -> type[_SimKinetoEvent]:
     cls = _EVENT_CLASSES.get(real)
     if cls is None:
         known = {n: f for n, f in vars(_SimKinetoEventMethods).items() if not n.startswith("_") and callable(f)}
-        ns: dict[str, Any] = {"__slots__": (), "__module__": __name__, "__qualname__": "_KinetoEvent",
+        ns: dict[str, Any] = {"__slots__": (), "__module__": __package__, "__qualname__": "_KinetoEvent",
                               "__doc__": f"A simulated record shaped as torch {torch.__version__}'s _KinetoEvent."}
         for name in dir(real):
             if not name.startswith("_"):
@@ -1613,7 +1613,7 @@ class SimulatedCuda:
         self.stats = SimStats()
         self._lock = threading.RLock()
         self._tls = _ThreadState()
-        ns = {"_sim": self, "__module__": __name__}
+        ns = {"_sim": self, "__module__": __package__}
         self._Stream: type[SimStream] = type("Stream", (SimStream,), dict(ns, __qualname__="Stream"))
         self._Event: type[SimEvent] = type("Event", (SimEvent,), dict(ns, __qualname__="Event"))
         self._Graph: type[SimCUDAGraph] = type("CUDAGraph", (SimCUDAGraph,), dict(ns, __qualname__="CUDAGraph"))
@@ -1681,7 +1681,7 @@ class SimulatedCuda:
         import torch.profiler._utils  # noqa: F401, PLC0415
         import torch.profiler.profiler  # noqa: F401, PLC0415
 
-        from .. import _placement
+        from ... import _placement
 
         with _REGISTRY_LOCK:
             taken = _ACTIVE if _ACTIVE is not None else (_MACHINE if as_machine or _MACHINE is self else None)
@@ -1717,7 +1717,7 @@ class SimulatedCuda:
                 another one is still installed over it.
         """
         global _ACTIVE, _MACHINE
-        from .. import _placement
+        from ... import _placement
 
         with _REGISTRY_LOCK:
             if _ACTIVE is not self and _MACHINE is not self:
