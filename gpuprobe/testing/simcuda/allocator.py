@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ._torch_compat import import_torch
+from ._torch_compat import import_torch, lazy_init
 from .messages import _c10_index, _format_size
 
 __all__ = ["MemoryMixin"]
@@ -250,7 +250,7 @@ class MemoryMixin:
         torch = import_torch()
         if nbytes < 0:
             raise ValueError(f"simulated CUDA: cannot allocate {nbytes} bytes")
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         frames = self._frames() if self._history.enabled is not None and self._history.context else []
         with self._lock:
             d = self._tls.device if device is None else self._check_device(device)

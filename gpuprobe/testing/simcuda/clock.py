@@ -15,7 +15,7 @@ import time
 import warnings
 from typing import Any
 
-from ._torch_compat import import_torch
+from ._torch_compat import import_torch, lazy_init
 from .messages import _SYNC_MESSAGE
 from .profiler import _GpuRecord
 from .records import _LAUNCH_KINDS, CUDA_RUNTIME, CUDA_SYNC, GPU_MEMCPY, GPU_MEMSET, KERNEL, KernelRecord
@@ -91,7 +91,7 @@ class ClockMixin:
         if ns < 0:
             raise ValueError(f"simulated CUDA: a launch cannot last {ns} ns")
         torch = import_torch()
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         t0 = time.time_ns()
         with self._lock:
             target = self._resolve_stream(stream)
@@ -111,7 +111,7 @@ class ClockMixin:
             (12000, 1)
         """
         torch = import_torch()
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         self._sync_debug_check(stacklevel=2)
         t0 = time.time_ns()
         with self._lock:

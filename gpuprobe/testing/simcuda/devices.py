@@ -7,7 +7,7 @@ import collections
 import threading
 from typing import Any, ClassVar, Literal
 
-from ._torch_compat import import_torch
+from ._torch_compat import exchange_device, get_device_index, import_torch, lazy_init, maybe_exchange_device
 from .allocator import _Allocator
 from .messages import _CUDA_ERRORS, _FORK_MESSAGE, _cuda_error
 from .profiler import _Annotation
@@ -51,14 +51,14 @@ class SimDeviceContext:
 
     def __init__(self, device: Any) -> None:
         self._sim._count("device")
-        self.idx = import_torch().cuda._utils._get_device_index(device, optional=True)
+        self.idx = get_device_index(import_torch())(device, optional=True)
         self.prev_idx = -1
 
     def __enter__(self) -> None:
-        self.prev_idx = import_torch().cuda._exchange_device(self.idx)
+        self.prev_idx = exchange_device(import_torch(), self.idx)
 
     def __exit__(self, type: Any, value: Any, traceback: Any) -> Literal[False]:
-        self.idx = import_torch().cuda._maybe_exchange_device(self.prev_idx)
+        self.idx = maybe_exchange_device(import_torch(), self.prev_idx)
         return False
 
 
@@ -130,14 +130,14 @@ class DevicesMixin:
             self.stats.first_init_call = caller
 
     def _c_set_device(self, device: int) -> None:
-        import_torch().cuda._lazy_init()  # THCPModule_setDevice_wrap: torch::utils::device_lazy_init
+        lazy_init(import_torch())  # THCPModule_setDevice_wrap: torch::utils::device_lazy_init
         with self._lock:
             self._tls.device = self._check_device(device)
 
     def _c_exchange_device(self, device: int) -> int:
         if device < 0:
             return -1
-        import_torch().cuda._lazy_init()  # THCPModule_exchangeDevice: device_lazy_init first
+        lazy_init(import_torch())  # THCPModule_exchangeDevice: device_lazy_init first
         with self._lock:
             self._check_device(device)
             prev, self._tls.device = self._tls.device, device

@@ -12,6 +12,20 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from . import _torch_compat
+from ._torch_compat import (
+    ATTACH_OOM_OBSERVER,
+    DUMP_SNAPSHOT,
+    INIT_FOR_CUDA_GRAPHS,
+    LAZY_INIT,
+    RECORD_MEMORY_HISTORY,
+    SLEEP,
+    SNAPSHOT,
+    get_device_index,
+    lazy_init,
+    allocator_snapshot,
+    set_stream_by_id,
+)
 from .clock import _Op
 from .devices import SimCudart
 from .messages import _SYNC_PROTOTYPE_WARNING
@@ -33,23 +47,25 @@ _QUALNAME_ALIASES = (
 
 def _caller_name() -> str:
     """The API that led to a ``_lazy_init`` call: the first caller not named with a leading underscore
-    (dunder methods count), with the simulation's class names spelled as torch's."""
+    (dunder methods count) and not an accessor of ``_torch_compat``, with the simulation's class names
+    spelled as torch's."""
     frame = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
-        if not code.co_name.startswith("_") or (code.co_name.startswith("__") and code.co_name.endswith("__")):
+        public = not code.co_name.startswith("_") or (code.co_name.startswith("__") and code.co_name.endswith("__"))
+        if public and frame.f_globals.get("__name__") != _torch_compat.__name__:
             name = getattr(code, "co_qualname", code.co_name)
             for prefix, alias in _QUALNAME_ALIASES:
                 if name.startswith(prefix):
                     name = alias + name[len(prefix):]
             return name
         frame = frame.f_back  # type: ignore[assignment]
-    return "_lazy_init"
+    return LAZY_INIT
 
 
 def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
     """Functions with torch's names and signatures, bound to ``sim``."""
-    _get_device_index = torch.cuda._utils._get_device_index
+    _get_device_index = get_device_index(torch)
 
     def count(name: str) -> None:
         with sim._lock:
@@ -82,7 +98,7 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
 
     def _lazy_init() -> None:
         """torch/cuda/__init__.py _lazy_init: initializes once; in a bad fork raises torch's message."""
-        caller = "_lazy_init"
+        caller = LAZY_INIT
         if not sim._initialized:
             caller = _caller_name()
         sim._init(caller)
@@ -90,12 +106,12 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
     def init() -> None:
         """torch/cuda/__init__.py init: ``_lazy_init()``."""
         count("init")
-        torch.cuda._lazy_init()
+        lazy_init(torch)
 
     def current_device() -> int:
         """torch/cuda/__init__.py current_device: ``_lazy_init()``, then the thread's current device."""
         count("current_device")
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         return sim._tls.device
 
     def set_device(device: Any) -> None:
@@ -117,7 +133,7 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
     def get_device_properties(device: Any = None) -> SimDeviceProperties:
         """torch/cuda/__init__.py get_device_properties: ``_lazy_init()``; "Invalid device id"."""
         count("get_device_properties")
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         device = _get_device_index(device, optional=True)
         if device < 0 or device >= torch.cuda.device_count():
             raise AssertionError("Invalid device id")
@@ -140,7 +156,7 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
         clock cycles, here ``cycles / clock_rate``. It creates the device's context (fork is
         poisoned) without torch's Python-level initialization: ``is_initialized()`` stays False
         (seen on a real H200, design/CUDA.md)."""
-        count("_sleep")
+        count(SLEEP)
         t0 = time.time_ns()
         with sim._lock:
             sim._fork_poisoned = True
@@ -152,7 +168,7 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
         """torch/cuda/__init__.py synchronize: ``_lazy_init()``, then within ``torch.cuda.device(device)``
         cudaDeviceSynchronize. A counted host synchronization; refused during a capture that forbids it."""
         count("synchronize")
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         with torch.cuda.device(device):
             return sim._c_device_synchronize()
 
@@ -160,13 +176,13 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
         """torch/cuda/__init__.py current_stream: ``_lazy_init()``, then the calling thread's current
         stream of the device (default: the current device)."""
         count("current_stream")
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         return sim._c_current_stream(_get_device_index(device, optional=True))
 
     def default_stream(device: Any = None) -> SimStream:
         """torch/cuda/__init__.py default_stream: ``_lazy_init()``, then the device's default stream."""
         count("default_stream")
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         return sim._c_default_stream(_get_device_index(device, optional=True))
 
     def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
@@ -178,8 +194,7 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
         count("set_stream")
         if stream is None:
             return
-        torch.cuda._set_stream_by_id(stream_id=stream.stream_id, device_index=stream.device_index,
-                                     device_type=stream.device_type)
+        set_stream_by_id(torch, stream.stream_id, stream.device_index, stream.device_type)
 
     def stream(stream: Any) -> SimStreamContext:
         """torch/cuda/__init__.py stream: ``StreamContext(stream)``."""
@@ -203,7 +218,7 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
     def set_sync_debug_mode(debug_mode: int | str) -> None:
         """torch/cuda/__init__.py set_sync_debug_mode: ``_lazy_init()``; names map to 0/1/2."""
         count("set_sync_debug_mode")
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         if isinstance(debug_mode, str):
             if debug_mode == "default":
                 debug_mode = 0
@@ -225,13 +240,13 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
     def get_sync_debug_mode() -> int:
         """torch/cuda/__init__.py get_sync_debug_mode: ``_lazy_init()``, then the mode (0, 1 or 2)."""
         count("get_sync_debug_mode")
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         return sim._sync_debug_mode
 
     def cudart() -> SimCudart:
         """torch/cuda/__init__.py cudart: ``_lazy_init()``, then the runtime module."""
         count("cudart")
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         return sim._cudart
 
     # ---- memory (torch/cuda/memory.py)
@@ -344,7 +359,7 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
         """torch/cuda/memory.py _record_memory_history: "state" keeps stacks of live allocations, "all"
         also a history of alloc/free events (up to ``max_entries``); None stops and drops the history.
         A bool ``enabled`` is the legacy form (``record_context``, ``trace_alloc_max_entries``)."""
-        count("_record_memory_history")
+        count(RECORD_MEMORY_HISTORY)
         if isinstance(enabled, bool):
             record_context = legacy.get("record_context", context not in (None, False))
             max_entries = legacy.get("trace_alloc_max_entries", 1)
@@ -357,13 +372,13 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
 
     def _snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
         """torch/cuda/memory.py _snapshot: {"segments", "device_traces", ...} for all devices."""
-        count("_snapshot")
+        count(SNAPSHOT)
         return sim._c_snapshot()
 
     def _dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
         """torch/cuda/memory.py _dump_snapshot: pickle ``_snapshot()`` to ``filename``."""
-        count("_dump_snapshot")
-        s = torch.cuda.memory._snapshot(augment_with_fx_traces=augment_with_fx_traces)
+        count(DUMP_SNAPSHOT)
+        s = allocator_snapshot(torch, augment_with_fx_traces)
         with open(filename, "wb") as f:
             pickle.dump(s, f)
 
@@ -397,7 +412,7 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
     def initial_seed() -> int:
         """torch/cuda/random.py initial_seed: ``_lazy_init()``, then the current device's seed."""
         count("initial_seed")
-        torch.cuda._lazy_init()
+        lazy_init(torch)
         with sim._lock:
             return sim._seeds[sim._tls.device]
 
@@ -406,14 +421,14 @@ def _make_api(sim: Any, torch: Any) -> dict[str, Callable[..., Any]]:
         ``observer(device, alloc, device_total, device_free)`` right before raising OutOfMemoryError. The
         binding's C++ device initialization is not simulated: ``torch.cuda.is_initialized()`` does not
         change (it is not ``torch.cuda._lazy_init``)."""
-        count("_cuda_attach_out_of_memory_observer")
+        count(ATTACH_OOM_OBSERVER)
         sim._c_attach_oom_observer(observer)
 
     def _init_for_cuda_graphs() -> None:
         """torch/profiler/_utils.py _init_for_cuda_graphs: a short profiler session that initializes
         CUPTI, so graphs captured afterwards can be profiled. Counted; no session is run."""
         with sim._lock:
-            sim.stats.calls["_init_for_cuda_graphs"] += 1
+            sim.stats.calls[INIT_FOR_CUDA_GRAPHS] += 1
             sim.stats.init_for_cuda_graphs_calls += 1
             sim._cupti_initialized = True
 

@@ -8,7 +8,19 @@ import os
 import threading
 from typing import Any, TypeVar
 
-from ._torch_compat import import_torch
+from ._torch_compat import (
+    ATTACH_OOM_OBSERVER,
+    CUDART_ATTRIBUTE,
+    INIT_FOR_CUDA_GRAPHS,
+    PRIVATE_CUDA_FUNCTIONS,
+    PRIVATE_MEMORY_FUNCTIONS,
+    check_torch,
+    cuda_graphs_warm_up_target,
+    import_patched_modules,
+    import_torch,
+    oom_observer_target,
+    profiler_enabled_target,
+)
 from .functions import _make_api
 from .profiler import _make_profiler_classes
 
@@ -63,18 +75,14 @@ class InstallMixin:
 
         Raises:
             RuntimeError: a simulated CUDA (this one or another) is already installed; for
-                ``as_machine``, any simulation is installed.
+                ``as_machine``, any simulation is installed; or the installed torch is not a release
+                the simulation was checked against (see :func:`._torch_compat.check_torch`: set
+                ``GPUPROBE_SIMCUDA_UNCHECKED_TORCH=1`` to install it anyway).
         """
         global _ACTIVE, _MACHINE
         torch = import_torch()
-        import torch.autograd.profiler  # noqa: F401, PLC0415
-        import torch.cuda.graphs  # noqa: F401, PLC0415
-        import torch.cuda.memory  # noqa: F401, PLC0415
-        import torch.cuda.random  # noqa: F401, PLC0415
-        import torch.cuda.streams  # noqa: F401, PLC0415
-        import torch.profiler  # noqa: F401, PLC0415
-        import torch.profiler._utils  # noqa: F401, PLC0415
-        import torch.profiler.profiler  # noqa: F401, PLC0415
+        check_torch(torch)
+        import_patched_modules()
 
         from ... import _placement
 
@@ -169,24 +177,23 @@ class InstallMixin:
             self._torch_own(torch.autograd.profiler, "record_function"))
         cuda, memory, graphs, streams = torch.cuda, torch.cuda.memory, torch.cuda.graphs, torch.cuda.streams
         cuda_names = [
-            "is_available", "device_count", "is_initialized", "init", "_lazy_init", "_is_in_bad_fork",
-            "current_device", "set_device", "_exchange_device", "_maybe_exchange_device", "get_device_name",
-            "get_device_capability", "get_device_properties", "synchronize", "current_stream", "default_stream",
-            "set_stream", "_set_stream_by_id", "stream", "graph_pool_handle", "is_current_stream_capturing",
+            "is_available", "device_count", "is_initialized", "init", "current_device", "set_device",
+            "get_device_name", "get_device_capability", "get_device_properties", "synchronize", "current_stream",
+            "default_stream", "set_stream", "stream", "graph_pool_handle", "is_current_stream_capturing",
             "set_sync_debug_mode", "get_sync_debug_mode", "cudart", "empty_cache", "memory_stats",
             "memory_stats_as_nested_dict", "memory_allocated", "memory_reserved", "max_memory_allocated",
             "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated",
-            "reset_accumulated_memory_stats", "mem_get_info", "memory_snapshot", "_sleep",
+            "reset_accumulated_memory_stats", "mem_get_info", "memory_snapshot", *PRIVATE_CUDA_FUNCTIONS,
         ]
         memory_names = [
-            "_lazy_init", "is_initialized", "empty_cache", "memory_stats", "memory_stats_as_nested_dict",
+            "is_initialized", "empty_cache", "memory_stats", "memory_stats_as_nested_dict",
             "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
             "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_accumulated_memory_stats",
-            "mem_get_info", "memory_snapshot", "_record_memory_history", "_snapshot", "_dump_snapshot",
+            "mem_get_info", "memory_snapshot", *PRIVATE_MEMORY_FUNCTIONS,
         ]
         out: list[tuple[Any, str, Any]] = [(cuda, n, api[n]) for n in cuda_names]
         out += [
-            (cuda, "_cudart", self._cudart),
+            (cuda, CUDART_ATTRIBUTE, self._cudart),
             (cuda, "device", self._DeviceCtx),
             (cuda, "StreamContext", self._StreamCtx),
             (cuda, "Stream", self._Stream),
@@ -208,12 +215,12 @@ class InstallMixin:
             (torch.profiler.profiler, "profile", profile_cls),
             (torch.profiler, "record_function", record_function_cls),
             (torch.autograd.profiler, "record_function", record_function_cls),
-            (torch.profiler._utils, "_init_for_cuda_graphs", api["_init_for_cuda_graphs"]),
-            (torch._C, "_cuda_attach_out_of_memory_observer", api["_cuda_attach_out_of_memory_observer"]),
+            (*cuda_graphs_warm_up_target(torch), api[INIT_FOR_CUDA_GRAPHS]),
+            (*oom_observer_target(torch), api[ATTACH_OOM_OBSERVER]),
         ]
-        autograd = torch._C._autograd
-        real_enabled = getattr(autograd, "_profiler_enabled", None)
-        if real_enabled is not None:
+        enabled_target = profiler_enabled_target(torch)
+        if enabled_target is not None:
+            autograd, enabled_name, real_enabled = enabled_target
             sim = self
 
             # torch sets the profiler state of the thread that starts a session, whatever its activities:
@@ -224,5 +231,5 @@ class InstallMixin:
                     return True
                 return bool(real_enabled())
 
-            out.append((autograd, "_profiler_enabled", _profiler_enabled))
+            out.append((autograd, enabled_name, _profiler_enabled))
         return out

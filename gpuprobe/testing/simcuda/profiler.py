@@ -13,7 +13,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ._torch_compat import import_torch
+from ._torch_compat import (
+    PROFILER_CHECKED_ON,
+    activity_filters,
+    activity_filters_keyword,
+    drop_processed_events,
+    import_torch,
+    kineto_event_class,
+    prepare_cpu_trace,
+    sync_events_reader,
+)
 from .records import CUDA_RUNTIME, CUDA_SYNC, GPU_MEMCPY, GPU_MEMSET, GPU_USER_ANNOTATION, KERNEL
 
 __all__ = ["ProfilerMixin"]
@@ -246,11 +255,6 @@ class _SimKinetoEventMethods:
         return 0
 
 
-# The torch releases whose profiler the simulated one was run against (tests/simcuda), and the oldest
-# it installs on: torch 2.2's profiler computes its events on exit and gives kineto times in
-# microseconds, and much else of the simulation (torch.AcceleratorError, ...) is newer than 2.2.
-_PROFILER_CHECKED_ON = "2.11.0, 2.13.0 and 2.15.0"
-_OLDEST_TORCH = (2, 11)
 # The simulated event class made for each torch _KinetoEvent class (a stand-in of another release's
 # shape included), so that events of one session share one class.
 _EVENT_CLASSES: weakref.WeakKeyDictionary[type, type[_SimKinetoEvent]] = weakref.WeakKeyDictionary()
@@ -266,26 +270,26 @@ def _kineto_event_class(torch: Any) -> type[_SimKinetoEvent]:
     Raises:
         RuntimeError: torch has no ``_KinetoEvent`` (the simulated profiler cannot imitate its events).
     """
-    real = getattr(getattr(torch._C, "_autograd", None), "_KinetoEvent", None)
-    if not isinstance(real, type):
+    real = kineto_event_class(torch)
+    if real is None:
         raise RuntimeError(f"simulated CUDA: torch {torch.__version__} has no torch._C._autograd._KinetoEvent; "
-                           f"the simulated profiler imitates the kineto events of torch {_PROFILER_CHECKED_ON}")
+                           f"the simulated profiler imitates the kineto events of torch {PROFILER_CHECKED_ON}")
     cls = _EVENT_CLASSES.get(real)
     if cls is None:
         known = {n: f for n, f in vars(_SimKinetoEventMethods).items() if not n.startswith("_") and callable(f)}
-        ns: dict[str, Any] = {"__slots__": (), "__module__": __package__, "__qualname__": "_KinetoEvent",
-                              "__doc__": f"A simulated record shaped as torch {torch.__version__}'s _KinetoEvent."}
+        ns: dict[str, Any] = {"__slots__": (), "__module__": __package__, "__qualname__": real.__name__,
+                              "__doc__": f"A simulated record shaped as torch {torch.__version__}'s {real.__name__}."}
         for name in dir(real):
             if not name.startswith("_"):
                 ns[name] = known.get(name) or _not_simulated(name, str(torch.__version__))
-        cls = _EVENT_CLASSES[real] = type("_KinetoEvent", (_SimKinetoEvent,), ns)
+        cls = _EVENT_CLASSES[real] = type(real.__name__, (_SimKinetoEvent,), ns)  # named as torch's class
     return cls
 
 
 def _not_simulated(method: str, version: str) -> Callable[..., NoReturn]:
     def missing(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError(f"simulated CUDA: _KinetoEvent.{method}() of torch {version} is not simulated "
-                                  f"(the simulated profiler imitates torch {_PROFILER_CHECKED_ON})")
+                                  f"(the simulated profiler imitates torch {PROFILER_CHECKED_ON})")
     missing.__name__ = method
     return missing
 
@@ -388,66 +392,42 @@ def _wants_cuda(torch: Any, kwargs: dict[str, Any]) -> bool:
     return act.CUDA in wanted
 
 
-def _torch_release(torch: Any) -> tuple[int, int]:
-    """(major, minor) of ``torch.__version__``; (0, 0) when it does not start with them."""
-    parts = str(torch.__version__).split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return 0, 0
-
-
-def _sync_events_field(torch: Any) -> int | None:
-    """Where ``enable_cuda_sync_events`` sits in ``_ExperimentalConfig.__getstate__()`` (4 in torch 2.11
-    and 2.13; 3 in 2.2), found by setting it; None where this torch cannot set it."""
-    config = torch._C._profiler._ExperimentalConfig
-    try:
-        off, on = config().__getstate__(), config(enable_cuda_sync_events=True).__getstate__()
-    except Exception:
-        return None
-    changed = [i for i, (a, b) in enumerate(zip(off, on)) if a != b]
-    return changed[0] if len(changed) == 1 else None
-
-
 def _make_profiler_classes(sim: Any, real_profile: type, real_record_function: type) -> tuple[type, type]:
     """``torch.profiler.profile`` and ``record_function`` for this simulation (subclasses of torch's).
 
-    What differs between torch releases is looked up here, once per install: the kineto event class
-    (:func:`_kineto_event_class`), the position of ``enable_cuda_sync_events`` in an
-    ``_ExperimentalConfig``, and whether profiles take ``activity_filters`` (torch 2.13, not 2.11).
+    What differs between torch releases is decided here, once per install, through
+    :mod:`._torch_compat`: the kineto event class (:func:`_kineto_event_class`), how a config asks for
+    CUDA sync events, and whether profiles take ``activity_filters`` (torch 2.13, not 2.11).
 
     Raises:
-        RuntimeError: torch is older than the simulated profiler follows, or its profiler lacks what the
-            simulation drives (the message names it and the releases the simulated profiler was checked on).
+        RuntimeError: torch's profiler lacks what the simulation drives (the message names it and the
+            releases the simulated profiler was checked on).
     """
-    import inspect  # noqa: PLC0415 (used at install only)
-
     torch = import_torch()
     autograd_profiler = torch.autograd.profiler
     act = torch.profiler.ProfilerActivity
-    if _torch_release(torch) < _OLDEST_TORCH:
-        raise RuntimeError(f"simulated CUDA needs torch>={'.'.join(map(str, _OLDEST_TORCH))}: its profiler imitates "
-                           f"torch {_PROFILER_CHECKED_ON}, and torch {torch.__version__} is installed")
     missing = [m for m in ("prepare_trace", "start_trace", "stop_trace")
                if not callable(getattr(real_profile, m, None))]
     if missing:
         raise RuntimeError(f"simulated CUDA: torch {torch.__version__}'s torch.profiler.profile has no "
-                           f"{', '.join(missing)}; the simulated profiler imitates torch {_PROFILER_CHECKED_ON}")
+                           f"{', '.join(missing)}; the simulated profiler imitates torch {PROFILER_CHECKED_ON}")
     _kineto_event_class(torch)  # refuses, now, a torch without _KinetoEvent
-    sync_field = _sync_events_field(torch)
-    takes_filters = "activity_filters" in inspect.signature(autograd_profiler.profile.__init__).parameters
+    sync_events = sync_events_reader(torch)
+    cpu_filters = activity_filters_keyword(torch)
 
     class record_function(real_record_function):  # type: ignore[misc, valid-type]
         """torch.autograd.profiler.record_function, also telling the simulation which range is open
         (kineto turns the innermost one around GPU work into a ``gpu_user_annotation``)."""
 
+        _sim_annotation = None  # the range as the simulation knows it, while open
+
         def __enter__(self) -> Any:
             out = super().__enter__()
-            sim._annotation_enter(self)
+            self._sim_annotation = sim._annotation_enter(str(getattr(self, "name", "")))
             return out
 
         def __exit__(self, *exc: Any) -> Any:
-            sim._annotation_exit(self)
+            sim._annotation_exit(self._sim_annotation)
             return super().__exit__(*exc)
 
     class profile(real_profile):  # type: ignore[misc, valid-type]
@@ -469,23 +449,15 @@ def _make_profiler_classes(sim: Any, real_profile: type, real_record_function: t
             if kwargs.get("use_cuda") is True:
                 self.activities.add(act.CUDA)
             self._sim_cpu = bool(self.activities - {act.CUDA})
-            cfg = self.experimental_config
-            self._sim_sync_events = bool(cfg is not None and sync_field is not None and cfg.__getstate__()[sync_field])
-            filters = getattr(self, "activity_filters", None)  # torch 2.13's {activity: [names]}
-            if filters is None:  # torch 2.15: {activity: ProfilerActivityConfig(activity_types=[names])}
-                configs = getattr(self, "activity_configs", None) or {}
-                filters = {a: c.activity_types for a, c in configs.items()
-                           if getattr(c, "activity_types", None) is not None}
-            self._sim_filters = dict(filters or {})
+            self._sim_sync_events = sync_events is not None and sync_events(self.experimental_config)
+            self._sim_filters = activity_filters(self)
             flt = self._sim_filters.get(act.CUDA)
             self._sim_allowed = None if flt is None else frozenset(flt)
 
         def prepare_trace(self) -> None:
             sim._profiler_prepare(self, self._sim_cpu, self._sim_sync_events, self._sim_allowed)
             try:
-                extra = {}
-                if takes_filters:
-                    extra["activity_filters"] = {k: v for k, v in self._sim_filters.items() if k != act.CUDA} or None
+                extra = cpu_filters({k: v for k, v in self._sim_filters.items() if k != act.CUDA} or None)
                 self.profiler = autograd_profiler.profile(
                     use_cpu=True, use_device=None, record_shapes=self.record_shapes, with_flops=self.with_flops,
                     profile_memory=self.profile_memory, with_stack=self.with_stack, with_modules=self.with_modules,
@@ -493,7 +465,7 @@ def _make_profiler_classes(sim: Any, real_profile: type, real_record_function: t
                     custom_trace_id_callback=self.custom_trace_id_callback,
                     post_processing_timeout_s=self.post_processing_timeout_s, **extra)
                 if self._sim_cpu:
-                    self.profiler._prepare_trace()
+                    prepare_cpu_trace(self.profiler)
             except BaseException:
                 sim._profiler_release(self)
                 raise
@@ -517,8 +489,7 @@ def _make_profiler_classes(sim: Any, real_profile: type, real_record_function: t
                 real = self.profiler.kineto_results
             gpu, trace_start = sim._profiler_stop(self)
             if not self._sim_cpu:
-                self.profiler._function_events = None
-                self.profiler._needs_processing = True
+                drop_processed_events(self.profiler)
             # Set only now: an autograd profile created with use_device="cuda" would take torch's
             # legacy CUDA path on a CPU build. With it, key_averages() reports device time.
             self.profiler.use_device = "cuda"
@@ -606,13 +577,14 @@ class ProfilerMixin:
             events.sort(key=lambda e: e._start)
             return events, session.anchor_wall_ns
 
-    def _annotation_enter(self, rf: Any) -> None:
-        ann = _Annotation(str(getattr(rf, "name", "")), next(self._correlations))
-        rf._simcuda_annotation = ann
+    def _annotation_enter(self, name: str) -> _Annotation:
+        """A ``record_function`` range opens on the calling thread; the range as the simulation knows it."""
+        ann = _Annotation(name, next(self._correlations))
         self._tls.annotations.append(ann)
+        return ann
 
-    def _annotation_exit(self, rf: Any) -> None:
-        ann = getattr(rf, "_simcuda_annotation", None)
+    def _annotation_exit(self, ann: _Annotation | None) -> None:
+        """The range closes (None: it was never opened here)."""
         stack = self._tls.annotations
         if ann is not None and ann in stack:
             del stack[len(stack) - 1 - stack[::-1].index(ann)]

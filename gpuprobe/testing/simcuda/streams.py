@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar
 
-from ._torch_compat import import_torch
+from ._torch_compat import get_device_index, import_torch
 
 __all__ = ["SimStream", "SimStreamContext", "StreamsMixin"]
 
@@ -144,7 +144,7 @@ class SimStreamContext:
         torch = import_torch()
         self._sim._count("StreamContext")
         self.stream = stream
-        self.idx = torch.cuda._utils._get_device_index(None, True)
+        self.idx = get_device_index(torch)(None, True)
         if self.idx is None:
             self.idx = -1
         self.src_prev_stream: Any = None
