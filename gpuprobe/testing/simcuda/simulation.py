@@ -30,6 +30,10 @@ class SimulatedCuda(InstallMixin, DevicesMixin, StreamsMixin, ClockMixin, Events
                     ProfilerMixin, PlacementMixin):
     """A simulated set of CUDA devices behind ``torch.cuda``; install it, or use :func:`simulated_cuda`.
 
+    Its methods come from one part per concern, each a mixin in a module of its own (install.py,
+    devices.py, streams.py, clock.py, events.py, graphs.py, allocator.py, profiler.py, placement.py);
+    the state they share is made here, in ``__init__``, and guarded by one lock (``_lock``).
+
     Args:
         devices: number of devices.
         memory_per_device: bytes of memory of each device.
