@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["DEVICE_WORK_ACTIVITIES", "SYNC_RECORD_NAMES", "LegacyCpuProfiler", "ProfilerCaps", "cuda_graphs_warm_up",
-           "cuda_sleep", "profiler_caps"]
+           "cuda_sleep", "kineto_event_class", "profiler_caps"]
 
 # _KinetoEvent.activity_type() of device work: kineto's ActivityType names of CONCURRENT_KERNEL,
 # GPU_MEMCPY and GPU_MEMSET (strings in libtorch_cpu.so).
@@ -126,8 +126,8 @@ def profiler_caps(torch: Any) -> ProfilerCaps:
         >>> profiler_caps(torch).device_work in ("activity_type", "device_type", None)
         True
     """
-    autograd = getattr(getattr(torch, "_C", None), "_autograd", None)
-    event_cls = getattr(autograd, "_KinetoEvent", None)
+    autograd = _autograd(torch)
+    event_cls = kineto_event_class(torch)
     key = (id(torch), event_cls)
     caps = _cache.get(key)
     if caps is None:
@@ -135,6 +135,19 @@ def profiler_caps(torch: Any) -> ProfilerCaps:
         with _cache_lock:
             _cache[key] = caps
     return caps
+
+
+def _autograd(torch: Any) -> Any:
+    return getattr(getattr(torch, "_C", None), "_autograd", None)
+
+
+def kineto_event_class(torch: Any) -> Any:
+    """``torch._C._autograd._KinetoEvent``, or None where torch has none.
+
+    Looked up when called (tests stand in a class of another release's shape); the simulated CUDA's
+    events take its shape.
+    """
+    return getattr(_autograd(torch), "_KinetoEvent", None)
 
 
 def _lookup(torch: Any, autograd: Any, event_cls: Any) -> ProfilerCaps:

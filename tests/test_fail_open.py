@@ -429,7 +429,7 @@ def test_a_missing_method_is_refused_and_the_rest_still_measures(monkeypatch: py
 _PATCHING_CALLS = {"setattr", "delattr", "__setattr__", "__delattr__", "impl", "py_impl"}
 _ALLOWED = {
     "gpuprobe/_seams.py",  # the mechanism itself
-    "gpuprobe/testing/simcuda.py",  # the simulated CUDA, a test double installed on purpose
+    "gpuprobe/testing/simcuda/install.py",  # the simulated CUDA (its install), a test double installed on purpose
     "gpuprobe/testing/simnvml.py",  # the simulated NVML: it fills a module of its own making
 }
 

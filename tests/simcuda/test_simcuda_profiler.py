@@ -247,16 +247,6 @@ def test_install_is_refused_where_torch_has_no_kineto_events(monkeypatch: pytest
     assert torch.cuda.is_available is available
 
 
-def test_install_is_refused_on_a_torch_older_than_the_simulated_profiler_follows(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch 2.2's profiler computes its events on exit and times kineto events in microseconds."""
-    available = torch.cuda.is_available
-    monkeypatch.setattr(torch, "__version__", "2.2.2+cu121")
-    with pytest.raises(RuntimeError, match=r"needs torch>=2\.11: .*torch 2\.11\.0, 2\.13\.0 and 2\.15\.0, and torch 2\.2\.2"):
-        SimulatedCuda(devices=1).install()
-    assert torch.cuda.is_available is available
-
-
 def test_cuda_activity_filters_pick_the_kinds_recorded(activity_types: None, sim: SimulatedCuda) -> None:
     """torch 2.13's ``activities=[{ProfilerActivity.CUDA: [names]}]`` (profiler.py _parse_activities)."""
     try:
