@@ -1,19 +1,31 @@
-"""Report a synthetic kineto trace of 1 GB or more and check peak memory stays under 500 MB.
+"""Report synthetic kineto traces of 200 MB to 2 GB against a bare streaming scan and HTA, in one run.
 
-The trace is written streaming by ``make_synthetic_trace.py`` (under /tmp by default, never in the
-repository). Each report runs in its own child process (``gpuprobe report --format json``), which
-prints its peak RSS (``getrusage(RUSAGE_SELF)``) as it exits; the wall time is taken around it.
-Several sizes give one row each. The figures go into RESULTS.md.
+The traces are written streaming by ``make_synthetic_trace.py`` (under /tmp by default, never in the
+repository), plain and, with ``--gzip``, gzip-compressed. Each report runs in its own child process
+(``gpuprobe report --format json``, every section), which prints its CPU time and peak RSS
+(``getrusage(RUSAGE_SELF)``) as it exits; the wall time is taken around it. The floor it is measured
+against is a bare streaming scan of the same file: ijson's C backend building every element of
+``traceEvents`` and nothing more, in its own child. Report and scan alternate, ``--repeat`` rounds
+(their order swapped each round); the table gives medians and the spread (lowest–highest) of the
+report's wall time. With ``--hta``, HolisticTraceAnalysis reads each plain trace once
+(``TraceAnalysis`` + ``get_gpu_kernel_breakdown``), in its own venv, its address space capped by
+``--hta-memory-gb`` and its time by ``--hta-timeout``: a run that exceeds either is reported as such.
+The figures go into RESULTS.md.
 
 Example:
-    python benchmarks/report/bench_large.py --size-gb 1 2
+    python benchmarks/report/bench_large.py --size-gb 0.2 1 2 --gzip --hta
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
+import json
 import os
+import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +40,7 @@ from _results import machine, update_section  # noqa: E402
 from make_synthetic_trace import write_trace  # noqa: E402
 
 LIMIT_MB = 500
+LIMIT_S = 30.0  # the goal for 2 GB
 CHILD = (
     "import resource, sys; from gpuprobe.report.cli import main_report; "
     "rc = main_report([sys.argv[1], '--format', 'json', '--output', sys.argv[2], '--no-progress']); "
@@ -37,91 +50,175 @@ CHILD = (
 # The floor a streaming report is measured against: a bare scan of the same file's events with ijson's
 # C backend (every element of traceEvents built as Python objects, nothing done with them).
 SCAN = (
-    "import resource, sys, ijson; backend = ijson.get_backend('yajl2_c'); "
-    "f = open(sys.argv[1], 'rb'); n = sum(1 for _ in backend.items(f, 'traceEvents.item')); "
+    "import gzip, resource, sys, ijson; backend = ijson.get_backend('yajl2_c'); "
+    "f = (gzip.open if sys.argv[1].endswith('.gz') else open)(sys.argv[1], 'rb'); "
+    "n = sum(1 for _ in backend.items(f, 'traceEvents.item')); "
     "u = resource.getrusage(resource.RUSAGE_SELF); print('cpu_s', u.ru_utime + u.ru_stime, 'items', n)"
 )
 
 
-def _cpu(stdout: str) -> float:
-    return float(stdout.split("cpu_s")[-1].split()[0])
+def _field(stdout: str, name: str) -> float:
+    return float(stdout.split(name)[-1].split()[0])
 
 
-def run_one(path: Path, size_gb: float, keep: bool) -> tuple[str, bool] | int:
-    """Write the trace if needed, report it in a child; the table row and whether it kept the limit."""
+def ensure_trace(path: Path, size_gb: float) -> None:
+    """Write the synthetic trace at ``path`` unless a large enough one is there."""
     target = int(size_gb * 1e9)
-    if not path.exists() or path.stat().st_size < target:
-        t0 = time.perf_counter()
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as out:
-            steps, events = write_trace(out, target)
-        tmp.replace(path)
-        print(f"wrote {path}: {steps:,} steps, {events:,} events in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    size = path.stat().st_size
-    out_json = Path(tempfile.gettempdir()) / "gpuprobe-synthetic-report.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if path.exists() and path.with_suffix(path.suffix + ".size").exists():
+        if int(path.with_suffix(path.suffix + ".size").read_text()) >= target:
+            return
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path), str(out_json)], env=env, capture_output=True, text=True
-    )
+    tmp = path.with_name(path.name + ".tmp")
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(tmp, "wt", encoding="utf-8") as out:  # type: ignore[operator]
+        steps, events = write_trace(out, target)
+    tmp.replace(path)
+    path.with_suffix(path.suffix + ".size").write_text(str(target))
+    print(f"wrote {path}: {steps:,} steps, {events:,} events in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        print(proc.stderr, file=sys.stderr)
-        return proc.returncode
-    t1 = time.perf_counter()
-    scan = subprocess.run([sys.executable, "-c", SCAN, str(path)], env=env, capture_output=True, text=True, check=True)
-    scan_wall = time.perf_counter() - t1
-    report_cpu, scan_cpu = _cpu(proc.stdout), _cpu(scan.stdout)
-    peak_mb = int(proc.stdout.split("peak_kib")[-1].split()[0]) / 1024  # KiB on Linux
-    import json
+        raise RuntimeError(f"{cmd[2][:40]}... failed ({proc.returncode}): {proc.stderr[-800:]}")
+    return wall, proc.stdout
 
+
+def measure(path: Path, repeat: int, env: dict[str, str]) -> dict[str, object]:
+    """Report and scan ``path`` ``repeat`` times, alternating; medians and the report's spread."""
+    out_json = Path(tempfile.gettempdir()) / "gpuprobe-synthetic-report.json"
+    report: list[tuple[float, float, float]] = []  # wall, cpu, peak MB
+    scan: list[tuple[float, float]] = []  # wall, cpu
+    for i in range(repeat):
+        order = ("report", "scan") if i % 2 == 0 else ("scan", "report")
+        for what in order:
+            if what == "report":
+                wall, stdout = run_child([sys.executable, "-c", CHILD, str(path), str(out_json)], env)
+                report.append((wall, _field(stdout, "cpu_s"), _field(stdout, "peak_kib") / 1024))
+            else:
+                wall, stdout = run_child([sys.executable, "-c", SCAN, str(path)], env)
+                scan.append((wall, _field(stdout, "cpu_s")))
     summary = json.loads(out_json.read_text())["summary"]
-    events = sum(summary["events"].values())
     out_json.unlink()
-    if not keep:
-        path.unlink()
-    ok = peak_mb < LIMIT_MB
-    row = (
-        f"| {size / 1e9:.2f} GB | {events:,} | {summary['step_count']:,} | {wall:.1f} s | {size / 1e6 / wall:.0f} MB/s "
-        f"| {peak_mb:.0f} MB | {peak_mb * 2**20 / events:.0f} B | {LIMIT_MB} MB {'(ok)' if ok else '(EXCEEDED)'} "
-        f"| {report_cpu:.1f} s | {scan_wall:.1f} s / {scan_cpu:.1f} s | {report_cpu / scan_cpu:.2f}x |"
-    )
-    print(row, file=sys.stderr)
-    return row, ok
+    walls = [r[0] for r in report]
+    ratios = [r[1] / s[1] for r, s in zip(report, scan)]  # per round
+    return {
+        "events": sum(summary["events"].values()),
+        "steps": summary["step_count"],
+        "wall": statistics.median(walls),
+        "wall_low": min(walls),
+        "wall_high": max(walls),
+        "cpu": statistics.median(r[1] for r in report),
+        "peak_mb": max(r[2] for r in report),
+        "scan_wall": statistics.median(s[0] for s in scan),
+        "scan_cpu": statistics.median(s[1] for s in scan),
+        "ratio": statistics.median(ratios),
+        "ratio_low": min(ratios),
+        "ratio_high": max(ratios),
+    }
+
+
+def measure_hta(path: Path, memory_gb: float, timeout_s: float) -> str:
+    """One HTA run over a folder holding ``path``: wall and peak RSS, or why it did not finish."""
+    from bench_vs_hta import HTA_CHILD, hta_python
+
+    try:
+        python = hta_python()
+    except (RuntimeError, subprocess.CalledProcessError, OSError) as exc:
+        return f"not run: {exc}"
+    cap = int(memory_gb * 2**30)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp, tempfile.TemporaryFile() as err:
+        try:
+            os.link(path, Path(tmp) / "rank-0.json")
+        except OSError:
+            shutil.copy(path, Path(tmp) / "rank-0.json")
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([str(python), "-c", HTA_CHILD, tmp], stdout=subprocess.DEVNULL, stderr=err,
+                                preexec_fn=limit)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - t0 > timeout_s:
+                proc.kill()
+                os.wait4(proc.pid, 0)
+                return f"stopped after {timeout_s:.0f} s"
+            time.sleep(0.2)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            text = err.read().decode(errors="replace")
+            if "MemoryError" in text or "Cannot allocate" in text or "bad_alloc" in text or proc.returncode < 0:
+                return f"out of memory under a {memory_gb:g} GB cap after {wall:.0f} s"
+            last = text.strip().splitlines()[-1][:80] if text.strip() else ""
+            return f"failed ({proc.returncode}): {last}"
+        return f"{wall:.1f} s, {usage.ru_maxrss / 1024:.0f} MB"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", default=os.path.join(tempfile.gettempdir(), "gpuprobe-synthetic-{size}gb.json"),
-                        help="where the trace is written; {size} is replaced by the size in GB")
-    parser.add_argument("--size-gb", type=float, nargs="+", default=[1.0])
+                        help="where the traces are written; {size} is replaced by the size in GB")
+    parser.add_argument("--size-gb", type=float, nargs="+", default=[0.2, 1.0, 2.0])
+    parser.add_argument("--gzip", action="store_true", help="also the .json.gz of each size")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of report and scan per trace (default 3)")
+    parser.add_argument("--hta", action="store_true", help="also HolisticTraceAnalysis on each plain trace")
+    parser.add_argument("--hta-memory-gb", type=float, default=16.0)
+    parser.add_argument("--hta-timeout", type=float, default=900.0)
     parser.add_argument("--keep", action="store_true", help="keep the traces for the next run")
     parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     args = parser.parse_args(argv)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     rows = []
     all_ok = True
     for size_gb in args.size_gb:
-        got = run_one(Path(args.path.replace("{size}", f"{size_gb:g}")), size_gb, args.keep)
-        if isinstance(got, int):
-            return got
-        rows.append(got[0])
-        all_ok = all_ok and got[1]
+        plain = Path(args.path.replace("{size}", f"{size_gb:g}"))
+        paths = [plain] + ([plain.with_name(plain.name + ".gz")] if args.gzip else [])
+        for path in paths:
+            ensure_trace(path, size_gb)
+            m = measure(path, max(1, args.repeat), env)
+            hta = measure_hta(path, args.hta_memory_gb, args.hta_timeout) if args.hta and path is plain else "–"
+            ok = float(m["peak_mb"]) < LIMIT_MB and (size_gb < 2 or float(m["wall"]) <= LIMIT_S)
+            all_ok = all_ok and ok
+            row = (
+                f"| {size_gb:g} GB {'.json.gz' if path.name.endswith('.gz') else '.json'} | {m['events']:,} | {m['steps']:,} "
+                f"| {m['wall']:.1f} s ({m['wall_low']:.1f}–{m['wall_high']:.1f}) | {size_gb * 1e3 / float(m['wall']):.0f} MB/s "
+                f"| {m['peak_mb']:.0f} MB | {float(m['peak_mb']) * 2**20 / int(m['events']):.0f} B | {m['cpu']:.1f} s "
+                f"| {m['scan_wall']:.1f} s / {m['scan_cpu']:.1f} s | {m['ratio']:.2f}x ({m['ratio_low']:.2f}–{m['ratio_high']:.2f}) "
+                f"| {hta} | {'ok' if ok else 'EXCEEDED'} |"
+            )
+            print(row, file=sys.stderr)
+            rows.append(row)
+            if not args.keep:
+                path.unlink()
+                path.with_suffix(path.suffix + ".size").unlink(missing_ok=True)
     sizes = " ".join(f"{x:g}" for x in args.size_gb)
+    flags = (" --gzip" if args.gzip else "") + (" --hta" if args.hta else "") + f" --repeat {args.repeat}"
     lines = [
-        "## Large trace (synthetic kineto, streaming)",
+        "## Large traces (synthetic kineto, streaming)",
         "",
-        f"{datetime.date.today()}, {machine()}; `python benchmarks/report/bench_large.py --size-gb {sizes}`",
+        f"{datetime.date.today()}, {machine()}; `python benchmarks/report/bench_large.py --size-gb {sizes}{flags}`",
         "",
-        "Each report runs in its own child process (`gpuprobe report --format json`, every section), which "
-        "reports its peak RSS (`getrusage(RUSAGE_SELF)`). Events used: kernels, copies, sets, runtime calls, "
-        "CPU operators and ranges (flow and metadata events are read and dropped). Per event: peak RSS / "
-        "events used, the interpreter and imports included. Bare scan: ijson's C backend building every "
-        "element of `traceEvents` and nothing more, in its own child process (wall / CPU); the ratio is "
-        "the report's CPU time over the scan's.",
+        "Each report runs in its own child process (`gpuprobe report --format json`, every section, the default "
+        "engine), which reports its CPU time and peak RSS (`getrusage(RUSAGE_SELF)`). Events used: kernels, copies, "
+        "sets, runtime calls, CPU operators and ranges (flow and metadata events are read and dropped). Per event: "
+        "peak RSS / events used, the interpreter and imports included. Bare scan: ijson's C backend building every "
+        "element of `traceEvents` and nothing more, in its own child process (wall / CPU); report ÷ scan: the "
+        "report's CPU time over the scan's, per round. Report and scan alternate; medians of the rounds, the spread "
+        "in brackets (lowest–highest). HTA: `TraceAnalysis(trace_dir=...)` + `get_gpu_kernel_breakdown()` once, "
+        "wall and peak RSS, its address space capped. Goals: peak RSS under "
+        f"{LIMIT_MB} MB, and a 2 GB trace (plain or gzip) in {LIMIT_S:.0f} s or less.",
         "",
-        "| trace size | events used | steps | wall time | throughput | peak RSS | per event | limit | report CPU "
-        "| bare scan | report ÷ scan |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| trace | events used | steps | wall time | throughput | peak RSS | per event | report CPU "
+        "| bare scan | report ÷ scan | HTA | goals |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
         *rows,
     ]
     print("\n".join(lines))
