@@ -458,7 +458,7 @@ class ArgFields:
 
 
 _NO_ARGS = ArgFields({})
-_TYPED: list[Any] = []  # (decode, errors, record type) once msgspec is imported; [None] without it
+_TYPED: list[Any] = []  # [(decode, errors)] once msgspec is imported; [None] without it
 _RECORD_TYPES: set[type] = set()  # types to_event reads as records
 
 
@@ -483,14 +483,12 @@ def typed_decoder() -> tuple[Callable[[str], list[Any]], tuple[type[Exception], 
 
 
 def _build_typed(msgspec: Any) -> tuple[Callable[[str], list[Any]], tuple[type[Exception], ...]]:
-    # why gc=False: decoded JSON holds no cycles, and untracked records spare the collector's passes
     args = msgspec.defstruct(
-        "Args", [(name, Any, None) for name in ArgFields.__slots__], gc=False,
-        rename={"nbytes": "bytes", "dims": "Input Dims"},
+        "Args", [(name, Any, None) for name in ArgFields.__slots__], rename={"nbytes": "bytes", "dims": "Input Dims"}
     )
     defaults = {"dur": 0, "pid": 0, "tid": 0}
     fields = [(name, args | None if name == "args" else Any, defaults.get(name)) for name in RawFields.__slots__]
-    record = msgspec.defstruct("Record", fields, gc=False)
+    record = msgspec.defstruct("Record", fields)
     _RECORD_TYPES.add(record)
     decoder = msgspec.json.Decoder(list[record], float_hook=FloatText)
     return decoder.decode, (msgspec.DecodeError,)  # ValidationError is a DecodeError
