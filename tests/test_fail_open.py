@@ -34,7 +34,7 @@ from gpuprobe.testing import reset, seam_fault
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gpuprobe.integrations import _hf_generate  # noqa: E402
+from gpuprobe.integrations._hf.generate import state as _hf_generate  # noqa: E402
 from gpuprobe.integrations import transformers as hf  # noqa: E402
 
 from helpers import cpu_continuous_batching_cannot_pin  # noqa: E402

@@ -22,7 +22,7 @@ since ``generate`` fetches it from ``type(self)``). :func:`uninstrument` removes
 
 Continuous batching (``generate_batch``, ``init_continuous_batching``, ``transformers serve
 --continuous-batching``) is observed through the manager ``init_continuous_batching`` returns: per
-request, per scheduler step and the paged KV cache (see :mod:`._hf_continuous` and ``docs/serving.md``).
+request, per scheduler step and the paged KV cache (see :mod:`._hf.continuous` and ``docs/serving.md``).
 
 Supported: transformers >= 5.18, < 6 (tested with 5.18 and 5.24, docs/compatibility.md); greedy, sampling and beam search, static and
 dynamic caches, streamers, user logits processors and stopping criteria. Other decoding modes
@@ -42,8 +42,8 @@ from typing import Any, TypeVar
 from .. import _seams
 from ..errors import ConfigError, GpuprobeError, missing
 from ..runtime import DISABLED_AT_IMPORT, runtime
-from . import _hf_generate as _g
-from ._hf_layers import find_layers
+from ._hf import generate as _g
+from ._hf.generate.layers import find_layers
 
 __all__ = [
     "instrument",

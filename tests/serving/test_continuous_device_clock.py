@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from _servekit import tiny_llama
 
-from gpuprobe.integrations import _hf_continuous
+from gpuprobe.integrations._hf.continuous import loop as _hf_continuous
 from gpuprobe.integrations import transformers as hf
 from gpuprobe.runtime import runtime
 from gpuprobe.testing import InMemoryExporter
@@ -359,8 +359,8 @@ def test_with_asynchronous_batching_the_first_token_is_confirmed_a_turn_later(
         simcuda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The update of a turn reads the previous forward's tokens; a forward launched while the previous one
     still runs is reached by the GPU only after it, and that wait is in neither part of the device TTFT."""
-    from gpuprobe.integrations._hf_continuous import ServingState
-    from gpuprobe.integrations._hf_series import RequestSeries
+    from gpuprobe.integrations._hf.continuous import ServingState
+    from gpuprobe.integrations._hf.series import RequestSeries
 
     W, L, C = 4 * MS, 300 * US, 20 * US
     sim = simcuda(1)
@@ -419,8 +419,8 @@ def test_with_asynchronous_batching_the_first_token_is_confirmed_a_turn_later(
 
 def test_a_request_that_never_gets_its_first_token_gives_its_events_back(simcuda: Any) -> None:
     """A prompt split over steps holds an open event from its first forward; the loop ends before its last chunk."""
-    from gpuprobe.integrations._hf_continuous import ServingState
-    from gpuprobe.integrations._hf_series import RequestSeries
+    from gpuprobe.integrations._hf.continuous import ServingState
+    from gpuprobe.integrations._hf.series import RequestSeries
 
     sim = simcuda(1)
     torch.cuda.current_device()

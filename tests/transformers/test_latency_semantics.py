@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from _hfkit import prompt, torch, transformers
 
-from gpuprobe.integrations import _hf_generate
+from gpuprobe.integrations._hf.generate import state as _hf_generate
 from gpuprobe.integrations.transformers import instrument
 from gpuprobe.testing import InMemoryExporter
 

@@ -12,7 +12,7 @@ import pytest
 from _hfkit import prompt, torch, transformers
 
 import gpuprobe
-from gpuprobe.integrations import _hf_generate
+from gpuprobe.integrations._hf.generate import state as _hf_generate
 from gpuprobe.integrations.transformers import instrument
 from gpuprobe.runtime import runtime
 

@@ -18,7 +18,7 @@ import pytest
 from _hfkit import prompt, torch, transformers
 
 import gpuprobe
-from gpuprobe.integrations import _hf_generate, _hf_marks
+from gpuprobe.integrations._hf.generate import marks as _hf_marks, state as _hf_generate
 from gpuprobe.integrations.transformers import instrument
 
 BUILT_IN = "RepetitionPenaltyLogitsProcessor"

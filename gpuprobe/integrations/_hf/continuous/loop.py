@@ -58,11 +58,11 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any
 
-from .. import _seams, is_enabled
-from .._placement import tensor_device
-from ..runtime import Runtime
-from ..timing import DeviceClock
-from ._hf_series import RequestSeries, StepSeries, time_per_output_token_ns
+from .... import _seams, is_enabled
+from ...._placement import tensor_device
+from ....runtime import Runtime
+from ....timing import DeviceClock
+from ..series import RequestSeries, StepSeries, time_per_output_token_ns
 
 __all__ = ["ServingState", "PHASES", "FINISH_REASONS"]
 
@@ -223,7 +223,7 @@ def _ends_with_eos(state: Any, tokens: list[int]) -> bool:
 class ServingState:
     """The series of one model's continuous batching, prepared once, and the objects observed.
 
-    Made by the model's :class:`~gpuprobe.integrations._hf_generate.ModelState` the first time a
+    Made by the model's :class:`~gpuprobe.integrations._hf.generate.ModelState` the first time a
     manager is created for the model.
     """
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime import Runtime
+from ...runtime import Runtime
 
 __all__ = ["MODEL_LABEL", "OPERATION", "PROVIDER", "RequestSeries", "StepSeries", "genai_labels",
            "time_per_output_token_ns"]

@@ -47,7 +47,7 @@ forward with ``fullgraph=True`` sees no graph break) and inside a CUDA graph cap
 is taken (see ``docs/gpu.md``).
 
 A step that a profile window or the program's own torch.profiler records, or that the sync audit
-counts, is *marked* (``ctx.marks``, see :mod:`._hf_marks`): its components become ranges in the
+counts, is *marked* (``ctx.marks``, see :mod:`.marks`): its components become ranges in the
 trace (with a step range of its own outside a window) and/or set the attribution of the sync audit.
 Decided once when the step opens; on other steps each component call tests ``ctx.marks is None``
 and nothing else.
@@ -65,15 +65,15 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
-from .. import _seams, is_enabled, memory
-from .._placement import tensor_device
-from .._torch_caps import profiler_caps
-from ._hf_continuous import ServingState
-from ._hf_marks import STREAMER, StepMarker, StepMarks
-from ._hf_series import RequestSeries, StepSeries, time_per_output_token_ns
-from ._hf_spans import DecodeSpan
-from ._hf_utilization import Utilization
-from ..runtime import Runtime
+from .... import _seams, is_enabled, memory
+from ...._placement import tensor_device
+from ...._torch_caps import profiler_caps
+from ..continuous import ServingState
+from .marks import STREAMER, StepMarker, StepMarks
+from ..series import RequestSeries, StepSeries, time_per_output_token_ns
+from .spans import DecodeSpan
+from .utilization import Utilization
+from ....runtime import Runtime
 
 __all__ = ["ModelState", "STATE_KEY", "METHOD_SEAMS", "MethodSeam", "GROUP_CALL", "GROUP_STEPS"]
 
@@ -112,7 +112,7 @@ def _bind_compiling() -> None:
 
 
 # Whether a torch.profiler session records on the calling thread (bound with _compiling, from
-# gpuprobe._torch_caps): a program's own profiler gets the step and component ranges (see _hf_marks).
+# gpuprobe._torch_caps): a program's own profiler gets the step and component ranges (see .marks).
 _profiling: Callable[[], bool] = _not_compiling
 
 
@@ -243,7 +243,7 @@ class ModelState:
         self.generate_message = f"generate {name}"
         self.utilization = Utilization(model, rt, name)  # measured once (MBU, MFU)
         self.marker = StepMarker(rt, name)  # component ranges in profile windows, the sync audit
-        self.serving: Any = None  # continuous batching's series (_hf_continuous.ServingState), at first use
+        self.serving: Any = None  # continuous batching's series (continuous.ServingState), at first use
 
     # -- helpers ---------------------------------------------------------------------------
     def current(self) -> _Call | None:
