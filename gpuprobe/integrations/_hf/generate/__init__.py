@@ -1,5 +1,16 @@
-"""``generate()`` seen from the inside: per-model state, per-call context, the step machine and the seams."""
+"""``generate()`` seen from the inside.
 
-from .state import GROUP_CALL, GROUP_STEPS, METHOD_SEAMS, STATE_KEY, MethodSeam, ModelState
+- :mod:`.seams`: the seams table (every seam on an instrumented model, its hooks, :data:`METHOD_SEAMS`).
+- :mod:`.state`: the model's state, prepared once; a call's beginning and end.
+- :mod:`.call`: what one call knows while it runs.
+- :mod:`.steps`: the step machine (steps open and close; latencies of the tokens).
+- :mod:`.timed`, :mod:`.streamer`: logits processors, stopping criteria and the streamer timed in a step.
+- :mod:`.layers`: decoder layers found and timed on sampled steps.
+- :mod:`.marks`, :mod:`.spans`, :mod:`.utilization`: traced or audited steps, a decode step's device
+  span, MBU and MFU.
+"""
+
+from .seams import GROUP_CALL, GROUP_STEPS, METHOD_SEAMS, STATE_KEY, MethodSeam
+from .state import ModelState
 
 __all__ = ["ModelState", "STATE_KEY", "METHOD_SEAMS", "MethodSeam", "GROUP_CALL", "GROUP_STEPS"]
