@@ -20,7 +20,7 @@ from ...errors import GpuprobeError, missing
 __all__ = ["SUPPORTED_VERSIONS", "TESTED_VERSION", "UnsupportedVersionError", "UnsupportedModelError",
            "import_transformers", "parse_version", "check_version", "check_model", "fits", "input_device",
            "input_tokens", "defers_stop_check", "model_output_cache", "cache_bytes", "continuous_batching_classes",
-           "request_statuses", "ends_with_eos"]
+           "request_statuses", "ends_with_eos", "paged_cache_geometry", "used_blocks", "processor_placement"]
 
 # -- versions and models ---------------------------------------------------------------------------
 
@@ -253,3 +253,46 @@ def ends_with_eos(state: Any, tokens: list[int]) -> bool:
     if isinstance(eos, int):
         return tokens[-1] == eos
     return tokens[-1] in eos
+
+
+def paged_cache_geometry(cache: Any) -> tuple[list[tuple[int, int, Any]], int, int]:
+    """What a paged cache's size is made of, read once per batch processor: ``(allocators, total bytes,
+    blocks)``, each allocator as ``(pool index, bytes per block, ledger of prefix-cached blocks or None)``."""
+    allocators = []
+    for allocator in getattr(cache, "cache_allocators", {}).values():
+        ledger = getattr(allocator, "ledger", None)
+        allocators.append((allocator.index, allocator.bytes_per_block, ledger))
+    return allocators, int(cache.num_sectors) * int(cache.bytes_per_sector), int(getattr(cache, "num_blocks", 0))
+
+
+def used_blocks(cache: Any, allocators: list[tuple[int, int, Any]], total_bytes: int, num_blocks: int) -> tuple[int, float]:
+    """Blocks in use and the fraction of the cache they hold (``allocators`` etc.: :func:`paged_cache_geometry`).
+    Blocks kept only for prefix reuse (no request holds them; the scheduler evicts them when it needs
+    room) count as free."""
+    pool = cache.pool
+    free = len(pool.free_sectors) * cache.bytes_per_sector
+    for index, per_block, ledger in allocators:
+        n = pool.count_free_blocks(index)
+        if ledger is not None:
+            n += len(ledger.cached_blocks)
+        free += n * per_block
+    used = 1.0 - free / total_bytes if total_bytes else 0.0
+    used = min(1.0, max(0.0, used))
+    return round(used * num_blocks), used
+
+
+def processor_placement(bp: Any) -> tuple[int | None, Any]:
+    """``(CUDA device, compute stream)`` of a continuous-batching processor; ``(None, None)`` off CUDA.
+
+    Where the paged cache lives is where the model runs (transformers makes both on model.device);
+    read through gpuprobe's one reader of tensor devices. The forward runs on the processor's compute
+    stream (its events go there too).
+    """
+    cache_tensor = getattr(getattr(bp, "cache", None), "cache_tensor", None)
+    device: Any = tensor_device(cache_tensor) if cache_tensor is not None else getattr(bp, "model_device", None)
+    if getattr(device, "type", None) != "cuda":
+        return None, None
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, getattr(getattr(bp, "inputs_and_outputs", None), "compute_stream", None)

@@ -29,9 +29,8 @@ from time import perf_counter_ns
 from typing import Any
 
 from .... import _seams, is_enabled
-from ...._placement import tensor_device
 from ....timing import DeviceClock
-from ..compat import fits
+from ..compat import fits, paged_cache_geometry, processor_placement, used_blocks
 from .requests import FirstSpan, Req, RequestTracking, perf_ns
 from .seams import (
     PROCESSOR,
@@ -196,36 +195,14 @@ class Loop(RequestTracking):
     def _bind(self, bp: Any) -> None:
         """Hold the processor's scheduler and cache while its loop runs (:meth:`release` lets go)."""
         self.scheduler, self.cache = bp.scheduler, bp.cache
-        self._read_cache_geometry(bp.cache)
-        self._place(bp)
+        self.allocators, self.total_bytes, self.num_blocks = paged_cache_geometry(bp.cache)
+        self.device, self.stream = processor_placement(bp)
         self.rt.thread_records().append((self.serving.kv_total, self.num_blocks))
 
     def release(self) -> None:
         """Let go of the processor's parts, so they (and the KV cache) are freed when transformers drops it."""
         self.scheduler = self.cache = self.stream = self.scheduled = None
         self.allocators = []
-
-    def _read_cache_geometry(self, cache: Any) -> None:
-        allocators = []
-        for allocator in getattr(cache, "cache_allocators", {}).values():
-            ledger = getattr(allocator, "ledger", None)
-            allocators.append((allocator.index, allocator.bytes_per_block, ledger))
-        self.allocators = allocators
-        self.total_bytes = int(cache.num_sectors) * int(cache.bytes_per_sector)
-        self.num_blocks = int(getattr(cache, "num_blocks", 0))
-
-    def _place(self, bp: Any) -> None:
-        # Where the paged cache lives is where the model runs (transformers makes both on model.device);
-        # read through gpuprobe's one reader of tensor devices.
-        cache_tensor = getattr(getattr(bp, "cache", None), "cache_tensor", None)
-        device: Any = tensor_device(cache_tensor) if cache_tensor is not None else getattr(bp, "model_device", None)
-        if getattr(device, "type", None) != "cuda":
-            self.device = None
-            return
-        import torch
-
-        self.device = device.index if device.index is not None else torch.cuda.current_device()
-        self.stream = getattr(getattr(bp, "inputs_and_outputs", None), "compute_stream", None)
 
     def _device_start(self, clock: Any, t: int) -> Any:
         # The forward runs on the processor's compute stream: the events go there too.
@@ -296,28 +273,13 @@ class Loop(RequestTracking):
         self.release()
         self.rt.drain_if_full(self.rt.thread_records())
 
-    def used_blocks(self) -> tuple[int, float]:
-        """Blocks in use and the fraction of the cache they hold. Blocks kept only for prefix reuse
-        (no request holds them; the scheduler evicts them when it needs room) count as free."""
-        cache = self.cache
-        pool = cache.pool
-        free = len(pool.free_sectors) * cache.bytes_per_sector
-        for index, per_block, ledger in self.allocators:
-            n = pool.count_free_blocks(index)
-            if ledger is not None:
-                n += len(ledger.cached_blocks)
-            free += n * per_block
-        used = 1.0 - free / self.total_bytes if self.total_bytes else 0.0
-        used = min(1.0, max(0.0, used))
-        return round(used * self.num_blocks), used
-
     def gauges(self, records: Any) -> None:
         """Running, waiting and the KV cache, appended only when one of them changed."""
         scheduler = self.scheduler
         if scheduler is None:
             return
         running, waiting = len(scheduler.active_requests), len(scheduler.waiting_requests)
-        blocks, usage = self.used_blocks()
+        blocks, usage = used_blocks(self.cache, self.allocators, self.total_bytes, self.num_blocks)
         now = (running, waiting, blocks)
         # Why only on a change: the idle loop prepares 10 times a second, and appending and applying the
         # four records costs ~1 us a step (8 requests, test CPU) for values a gauge keeps anyway.
