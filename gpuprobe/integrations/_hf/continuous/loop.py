@@ -368,6 +368,9 @@ class Loop(RequestTracking):
         append = records.append
         dur = t - self.step_t0
         phase = self.phase
+        # The step's host duration and (below) its device span: the same two records as generate()'s
+        # close_step (gpuprobe.integrations._hf.generate.steps), on the same StepSeries targets. Why
+        # written out in both and not one shared method: one more Python call per step.
         append((serving.step_host[phase], dur))
         append((serving.c_schedule, self.sched_ns))
         append((serving.c_forward, self.fwd_ns))
@@ -377,7 +380,7 @@ class Loop(RequestTracking):
         if tok is not None:
             # The forward's device span is the device inter-token latency of each next token it selects.
             n = self.next_tokens
-            append((self.rt.pending.apply, (serving.decode_spans(phase, n) if n else serving.step_dev[phase], tok)))
+            append((self.rt.pending.apply, (serving.device_span(phase, n) if n else serving.step_dev[phase], tok)))
             self.dev_tok = None
         self.open = False
         if len(records) >= self.rt.buffer_size:

@@ -26,7 +26,7 @@ from ....timing import DeviceClock
 from ..compat import ends_with_eos
 from ..series import time_per_output_token_ns
 
-__all__ = ["Req", "FirstSpan", "DecodeSpans", "RequestTracking", "perf_ns"]
+__all__ = ["Req", "FirstSpan", "RequestTracking", "perf_ns"]
 
 
 class Req:
@@ -80,22 +80,6 @@ class FirstSpan:
             token[0].release(token[1])  # a start token: (pool, event)
         else:
             DeviceClock.discard(token)
-
-
-class DecodeSpans:
-    """A decoding step's device span as a record target: the step series once, and the device
-    inter-token latency once for each request whose next token (not its first) the forward selects."""
-
-    __slots__ = ("step", "itl", "requests")
-
-    def __init__(self, step: Any, itl: Any, requests: int) -> None:
-        self.step = step
-        self.itl = itl  # the device inter-token series (a histogram child)
-        self.requests = requests
-
-    def apply(self, ns: int) -> None:
-        self.step.apply(ns)
-        self.itl.apply_many([ns] * self.requests)
 
 
 def perf_ns(seconds: float) -> int:

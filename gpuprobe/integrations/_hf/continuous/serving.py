@@ -10,7 +10,6 @@ from ....runtime import Runtime
 from ..compat import fits, request_statuses
 from ..series import RequestSeries, StepSeries
 from .loop import Loop
-from .requests import DecodeSpans
 from .seams import MANAGER, MARK, ROUTER, SEAM_CREATE, SEAM_DELIVER, SEAM_DELIVER_BATCH, SEAM_LOOP, weak_method
 
 __all__ = ["ServingState", "PHASES", "FINISH_REASONS"]
@@ -61,24 +60,11 @@ class ServingState:
         self.c_forward = steps.component("forward")
         self.c_update = steps.component("update")
         # Per request and output token after its first (see Loop.tokens_held): the host samples of one
-        # update go as one batch, the device ones with the step's device span (DecodeSpans).
+        # update go as one batch, the device ones with the step's device span (series.DecodeSpan).
         self.inter_token = steps.itl_host.apply_many
-        self.itl_dev = steps.itl_device
-        self._spans: dict[tuple[int, int], DecodeSpans] = {}
+        self.device_span = steps.device_span  # a decoding step's device record target (series.DecodeSpan)
         self._patched: list[_seams.Patch] = []
         self._managers: weakref.WeakSet[Any] = weakref.WeakSet()
-
-    def decode_spans(self, phase: int, requests: int) -> DecodeSpans:
-        """The prepared device record target of a decoding step whose forward selects the next token of
-        ``requests`` requests (cached per phase and count, bounded like the other caches)."""
-        key = (phase, requests)
-        found = self._spans.get(key)
-        if found is None:
-            found = DecodeSpans(self.step_dev[phase], self.itl_dev, requests)
-            # Why a cache: a step's target then costs one dict hit instead of an object a step.
-            if len(self._spans) < 4096:
-                self._spans[key] = found
-        return found
 
     # -- observing ------------------------------------------------------------------------------
     def observe(self, manager: Any) -> Any:

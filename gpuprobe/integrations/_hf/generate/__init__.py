@@ -6,8 +6,7 @@
 - :mod:`.steps`: the step machine (steps open and close; latencies of the tokens).
 - :mod:`.timed`, :mod:`.streamer`: logits processors, stopping criteria and the streamer timed in a step.
 - :mod:`.layers`: decoder layers found and timed on sampled steps.
-- :mod:`.marks`, :mod:`.spans`, :mod:`.utilization`: traced or audited steps, a decode step's device
-  span, MBU and MFU.
+- :mod:`.marks`, :mod:`.utilization`: traced or audited steps; MBU and MFU.
 """
 
 from .seams import GROUP_CALL, GROUP_STEPS, METHOD_SEAMS, STATE_KEY, MethodSeam

@@ -25,7 +25,6 @@ from . import steps as _steps
 from .call import Call
 from .layers import LayerTiming
 from .marks import StepMarker
-from .spans import DecodeSpan
 from .steps import StepMachine
 from .streamer import time_streamer
 from .timed import ElementTiming
@@ -72,10 +71,10 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         self.request_series = RequestSeries(rt, name)
         steps = self.step_series = StepSeries(rt, name, ("prefill", "decode"))
         self.step_host, self.step_dev = steps.host, steps.device
-        self.itl_host, self.itl_dev = steps.itl_host.apply, steps.itl_device.apply
+        self.itl_host, self.itl_dev = steps.itl_host.apply, steps.itl_device
         # Why one prepared target: a decode step's device span feeds the step and the inter-token series;
         # building the pair per step costs 0.18 us (test CPU), needed only when a token may be undone.
-        self.decode_span = DecodeSpan(self.step_dev[1], self.itl_dev)
+        self.decode_span = steps.device_span(1, 1)
         self.c_forward = steps.component("forward")
         self.c_stopping = steps.component("stopping_criteria")
         self.c_streamer = steps.component("streamer")

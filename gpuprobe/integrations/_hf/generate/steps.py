@@ -44,10 +44,9 @@ from typing import Any
 from ...._placement import tensor_device
 from ...._torch_caps import profiler_caps
 from ....runtime import Runtime
-from ..series import RequestSeries
+from ..series import DecodeSpan, RequestSeries
 from .call import Call
 from .marks import StepMarker
-from .spans import DecodeSpan
 from .utilization import Utilization
 
 __all__ = ["StepMachine", "compiling", "profiling", "bind_torch"]
@@ -225,7 +224,7 @@ class StepMachine:
             if n_out is None or n_out > ctx.step:
                 self.token_on_host(ctx, t)
             elif held_record is not None:  # the undone step ran, but selected no output token
-                held_record[1][0].itl = None
+                held_record[1][0].tokens = 0
         if held_record is not None:
             ctx.held_record = None
             ctx.records.append(held_record)
@@ -242,6 +241,11 @@ class StepMachine:
         decode = ctx.step > 0
         records = ctx.records
         append = records.append
+        # The step's host duration and (below) its device span: the same two records as continuous
+        # batching's close_step (gpuprobe.integrations._hf.continuous.loop), on the same StepSeries
+        # targets (DecodeSpan, series.py). Why written out in both and not one shared method: a call is
+        # one more Python call per decode step (of the 9.75 gpuprobe makes, benchmarks/step_calls.py), and
+        # the device record differs here (a shared boundary event, MBU/MFU, a token held back one step).
         append((self.step_host[decode], dur))
         tok = ctx.dev_tok
         util = ctx.util
