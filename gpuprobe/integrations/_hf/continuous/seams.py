@@ -25,7 +25,7 @@ in :meth:`~.serving.ServingState.observe`, the processor's, scheduler's and offl
 **Adding a seam here.** Declare it with :func:`_declare` (the owner class, the method, the parameters
 read), add it to the group of its owner below (its shape is checked with the others before anything
 is installed), and install it where its owner is observed (``observe`` or ``attach``, with
-``install(obj, SEAM, before, after)``). ``tests/test_fail_open.py`` iterates the registry.
+``ServingState._install(obj, SEAM, before, after)``). ``tests/test_fail_open.py`` iterates the registry.
 """
 
 from __future__ import annotations
