@@ -28,12 +28,17 @@ SUPPORTED_VERSIONS = ">=5.18,<6"
 TESTED_VERSION = "5.24"
 _MIN, _MAX = (5, 18), (6, 0)
 
+
 class UnsupportedVersionError(GpuprobeError):
     """The installed transformers is outside the versions this integration supports."""
+
+    __module__ = "gpuprobe.integrations.transformers"  # its public name (tracebacks, pickles)
 
 
 class UnsupportedModelError(GpuprobeError, TypeError):
     """The object given is not a transformers model that can ``generate()``."""
+
+    __module__ = "gpuprobe.integrations.transformers"  # its public name (tracebacks, pickles)
 
 
 def import_transformers() -> Any:
@@ -265,7 +270,8 @@ def paged_cache_geometry(cache: Any) -> tuple[list[tuple[int, int, Any]], int, i
     return allocators, int(cache.num_sectors) * int(cache.bytes_per_sector), int(getattr(cache, "num_blocks", 0))
 
 
-def used_blocks(cache: Any, allocators: list[tuple[int, int, Any]], total_bytes: int, num_blocks: int) -> tuple[int, float]:
+def used_blocks(cache: Any, allocators: list[tuple[int, int, Any]], total_bytes: int,
+                num_blocks: int) -> tuple[int, float]:
     """Blocks in use and the fraction of the cache they hold (``allocators`` etc.: :func:`paged_cache_geometry`).
     Blocks kept only for prefix reuse (no request holds them; the scheduler evicts them when it needs
     room) count as free."""

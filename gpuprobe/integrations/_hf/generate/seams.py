@@ -213,7 +213,7 @@ def fit_method_seams(cls: type) -> tuple[list[MethodSeam], list[tuple[_seams.Sea
         The method seams that fit ``cls``, and ``(seam, why, consequence)`` for each one refused:
         ``consequence`` when its own shape fits but another seam of its group was refused. When one
         of the loop's seams is refused none of them is installed. ``gpuprobe doctor`` runs this on
-        ``GenerationMixin``; :func:`instrument` on the model's class.
+        ``GenerationMixin``; :func:`~gpuprobe.integrations.transformers.instrument` on the model's class.
     """
     chosen = []
     refused: list[tuple[_seams.Seam, str, bool]] = []
