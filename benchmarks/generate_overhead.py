@@ -140,7 +140,8 @@ def seam_cost(steps: int = 3000, rounds: int = 7) -> dict[str, float]:
                               StoppingCriteriaList)
 
     from gpuprobe.runtime import runtime
-    from gpuprobe.integrations import _hf_generate as g
+    from gpuprobe.integrations._hf import generate as g
+    from gpuprobe.integrations._hf.generate.call import Call
     from gpuprobe.integrations.transformers import instrument
 
     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -166,11 +167,11 @@ def seam_cost(steps: int = 3000, rounds: int = 7) -> dict[str, float]:
         return LogitsProcessorList(), StoppingCriteriaList([MaxLengthCriteria(10**9)])
 
     def instrumented() -> float:
-        ctx = g._Call(time.perf_counter_ns(), rt.thread_records(), None, None)
+        ctx = Call(time.perf_counter_ns(), rt.thread_records(), None, None)
         st.tls.ctx = ctx
         lp, sc = processors()
-        g._time_elements(lp, ctx, st, g._Timed)
-        g._time_elements(sc, ctx, st, g._TimedCriterion)
+        st.time_elements(lp, ctx, False)
+        st.time_elements(sc, ctx, True)
         model._prefill(ids, None, {})
         model._has_unfinished_sequences(False, False, None)
         model._update_model_kwargs_for_generation(None, {})

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 import subprocess
 import sys
 import textwrap
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
+from typing import Any, Callable
 
 
 def scrape(url: str) -> dict[str, list]:
@@ -90,3 +93,13 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 12
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def patch_host_clock(monkeypatch: Any, package: str, clock: Callable[[], int]) -> None:
+    """Make ``clock`` the host clock (``perf_counter_ns``) of every module of ``package`` that reads it,
+    e.g. ``"gpuprobe.integrations._hf.generate"``."""
+    root = importlib.import_module(package)
+    for info in pkgutil.walk_packages(root.__path__, package + "."):
+        module = importlib.import_module(info.name)
+        if hasattr(module, "perf_counter_ns"):
+            monkeypatch.setattr(module, "perf_counter_ns", clock)

@@ -34,7 +34,8 @@ from gpuprobe.testing import reset, seam_fault
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gpuprobe.integrations import _hf_generate  # noqa: E402
+from gpuprobe.integrations._hf import generate as hf_generate  # noqa: E402
+from gpuprobe.integrations._hf.generate import timed as hf_timed  # noqa: E402
 from gpuprobe.integrations import transformers as hf  # noqa: E402
 
 from helpers import cpu_continuous_batching_cannot_pin  # noqa: E402
@@ -237,8 +238,8 @@ def _break_stand_in(kind: str) -> Callable[[pytest.MonkeyPatch], None]:
     """The clock read inside a stand-in's __call__ raises there (and only there), for one kind of element."""
     import sys
 
-    code = _hf_generate._Timed.__call__.__code__  # every stand-in class runs a copy of this code object
-    clock = _hf_generate.perf_counter_ns
+    code = hf_timed.Timed.__call__.__code__  # every stand-in class runs a copy of this code object
+    clock = hf_timed.perf_counter_ns
 
     def breaker(mp: pytest.MonkeyPatch) -> None:
         def perf_counter_ns() -> int:
@@ -247,7 +248,7 @@ def _break_stand_in(kind: str) -> Callable[[pytest.MonkeyPatch], None]:
                 raise RuntimeError("a fault injected into gpuprobe")
             return clock()
 
-        mp.setattr(_hf_generate, "perf_counter_ns", perf_counter_ns)
+        mp.setattr(hf_timed, "perf_counter_ns", perf_counter_ns)
     return breaker
 
 
@@ -341,7 +342,7 @@ def test_a_seam_whose_original_gains_a_keyword_forwards_it(scenario: str, monkey
     model passes a keyword it has never heard of to the original, which gets it, once."""
     model = _tiny_llama()
     calls: list[tuple[str, Any]] = []
-    for ms in _hf_generate.METHOD_SEAMS:
+    for ms in hf_generate.METHOD_SEAMS:
         original = _seams.unwrapped(type(model), ms.attribute)
 
         def changed(self: Any, *args: Any, _name: str = ms.attribute, _orig: Any = original,
@@ -355,7 +356,7 @@ def test_a_seam_whose_original_gains_a_keyword_forwards_it(scenario: str, monkey
         monkeypatch.setattr(type(model), ms.attribute, changed)
     hf.instrument(model)
     try:
-        for ms in _hf_generate.METHOD_SEAMS:
+        for ms in hf_generate.METHOD_SEAMS:
             calls.clear()
             assert getattr(model, ms.attribute)(new_keyword=1) == "the original's result"
             assert calls == [(ms.attribute, 1)]
@@ -372,17 +373,17 @@ def test_a_seam_whose_original_gains_a_keyword_forwards_it(scenario: str, monkey
         assert all(s["state"] == "on" for s in gpuprobe.info()["seams"] if s["seam"].startswith("transformers."))
     finally:
         hf.uninstrument(model)
-    assert all(ms.attribute not in model.__dict__ for ms in _hf_generate.METHOD_SEAMS)
+    assert all(ms.attribute not in model.__dict__ for ms in hf_generate.METHOD_SEAMS)
 
 
 def test_replacements_keep_the_originals_signature_and_uninstall_cleanly() -> None:
     model = _tiny_llama()
-    before = {ms.attribute: model.__dict__.get(ms.attribute) for ms in _hf_generate.METHOD_SEAMS}
-    installs = {ms.attribute: ms.seam.installs for ms in _hf_generate.METHOD_SEAMS}  # other models' too
+    before = {ms.attribute: model.__dict__.get(ms.attribute) for ms in hf_generate.METHOD_SEAMS}
+    installs = {ms.attribute: ms.seam.installs for ms in hf_generate.METHOD_SEAMS}  # other models' too
     hf.instrument(model)
     hf.instrument(model)  # installs once
     try:
-        for ms in _hf_generate.METHOD_SEAMS:
+        for ms in hf_generate.METHOD_SEAMS:
             seamed = getattr(model, ms.attribute)
             assert _seams.is_replacement(seamed)
             original = _seams.unwrapped(type(model), ms.attribute).__get__(model)
@@ -390,8 +391,8 @@ def test_replacements_keep_the_originals_signature_and_uninstall_cleanly() -> No
             assert ms.seam.installs == installs[ms.attribute] + 1
     finally:
         hf.uninstrument(model)
-    assert {ms.attribute: model.__dict__.get(ms.attribute) for ms in _hf_generate.METHOD_SEAMS} == before
-    assert {ms.attribute: ms.seam.installs for ms in _hf_generate.METHOD_SEAMS} == installs
+    assert {ms.attribute: model.__dict__.get(ms.attribute) for ms in hf_generate.METHOD_SEAMS} == before
+    assert {ms.attribute: ms.seam.installs for ms in hf_generate.METHOD_SEAMS} == installs
 
 
 def test_a_missing_method_is_refused_and_the_rest_still_measures(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ since ``generate`` fetches it from ``type(self)``). :func:`uninstrument` removes
 
 Continuous batching (``generate_batch``, ``init_continuous_batching``, ``transformers serve
 --continuous-batching``) is observed through the manager ``init_continuous_batching`` returns: per
-request, per scheduler step and the paged KV cache (see :mod:`._hf_continuous` and ``docs/serving.md``).
+request, per scheduler step and the paged KV cache (see :mod:`._hf.continuous` and ``docs/serving.md``).
 
 Supported: transformers >= 5.18, < 6 (tested with 5.18 and 5.24, docs/compatibility.md); greedy, sampling and beam search, static and
 dynamic caches, streamers, user logits processors and stopping criteria. Other decoding modes
@@ -40,10 +40,20 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from .. import _seams
-from ..errors import ConfigError, GpuprobeError, missing
+from ..errors import ConfigError, GpuprobeError
 from ..runtime import DISABLED_AT_IMPORT, runtime
-from . import _hf_generate as _g
-from ._hf_layers import find_layers
+from ._hf import generate as _g
+from ._hf.compat import (
+    SUPPORTED_VERSIONS,
+    TESTED_VERSION,  # noqa: F401 (read by gpuprobe doctor)
+    UnsupportedModelError,
+    UnsupportedVersionError,
+    check_model,
+    check_version,
+)
+from ._hf.compat import import_transformers as _transformers
+from ._hf.generate.layers import find_layers
+from ._hf.generate.seams import fit_method_seams
 
 __all__ = [
     "instrument",
@@ -60,88 +70,8 @@ __all__ = [
     "UnsupportedModelError",
 ]
 
-SUPPORTED_VERSIONS = ">=5.18,<6"
-TESTED_VERSION = "5.24"
-_MIN, _MAX = (5, 18), (6, 0)
-
 M = TypeVar("M")
 C = TypeVar("C", bound=type)
-
-
-class UnsupportedVersionError(GpuprobeError):
-    """The installed transformers is outside the versions this integration supports."""
-
-
-class UnsupportedModelError(GpuprobeError, TypeError):
-    """The object given is not a transformers model that can ``generate()``."""
-
-
-def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as exc:
-        raise missing("transformers", "transformers") from exc
-    return transformers
-
-
-def _parse(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split(".")[:2]:
-        digits = "".join(c for c in piece if c.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
-def check_version() -> str:
-    """Check the installed transformers version; returns it.
-
-    Returns:
-        The installed version string.
-
-    Raises:
-        UnsupportedVersionError: outside ``SUPPORTED_VERSIONS``; the message names both.
-        MissingDependencyError: transformers is not installed.
-
-    Example:
-        >>> from gpuprobe.integrations.transformers import check_version
-        >>> check_version().startswith("5.")
-        True
-    """
-    version = str(_transformers().__version__)
-    if not (_MIN <= _parse(version) < _MAX):
-        raise UnsupportedVersionError(
-            f"gpuprobe's transformers integration supports transformers {SUPPORTED_VERSIONS} "
-            f"(tested with {TESTED_VERSION}); the installed version is {version}. "
-            f"Install a supported version, e.g. pip install 'transformers{SUPPORTED_VERSIONS}'."
-        )
-    return version
-
-
-def _check_model(model: Any) -> Any:
-    tr = _transformers()
-    check_version()
-    mixin = tr.GenerationMixin
-    if isinstance(model, type):
-        raise UnsupportedModelError(
-            f"instrument() takes a model instance, got the class {model.__qualname__}; "
-            "use instrument_class() for every instance of a class"
-        )
-    if not isinstance(model, mixin) or not callable(getattr(model, "generate", None)):
-        hint = ""
-        if callable(getattr(model, "get_base_model", None)):  # a PEFT wrapper
-            hint = "; for a PEFT model, instrument model.get_base_model()"
-        raise UnsupportedModelError(
-            "gpuprobe.integrations.transformers.instrument() needs a transformers model that can generate "
-            "(a GenerationMixin subclass such as AutoModelForCausalLM or AutoModelForSeq2SeqLM); got "
-            f"{type(model).__module__}.{type(model).__qualname__}{hint}"
-        )
-    can = getattr(model, "can_generate", None)
-    if callable(can) and not can():
-        raise UnsupportedModelError(
-            f"{type(model).__qualname__} cannot generate (its can_generate() is False); "
-            "instrument a model with a language-modeling head"
-        )
-    return mixin
 
 
 def _default_name(model: Any) -> str:
@@ -206,7 +136,7 @@ def instrument(model: M, *, model_name: str | None = None, layers: bool | Iterab
         >>> model = instrument(model, model_name="tiny-llama")
         >>> _ = uninstrument(model)
     """
-    _check_model(model)
+    check_model(model)
     _check_options(model_name, layers, layer_every, memory_every)
     if DISABLED_AT_IMPORT:  # GPUPROBE_DISABLE=1: decided once, nothing is patched
         return model
@@ -237,41 +167,6 @@ def instrument(model: M, *, model_name: str | None = None, layers: bool | Iterab
         _install(model, st)
         d[_g.STATE_KEY] = st
     return model
-
-
-def fit_method_seams(cls: type) -> tuple[list[_g.MethodSeam], list[tuple[_seams.Seam, str, bool]]]:
-    """The shape checks of the method seams against a model class, remembering nothing.
-
-    Returns:
-        The method seams that fit ``cls``, and ``(seam, why, consequence)`` for each one refused:
-        ``consequence`` when its own shape fits but another seam of its group was refused. When one
-        of the loop's seams is refused none of them is installed. ``gpuprobe doctor`` runs this on
-        ``GenerationMixin``; :func:`instrument` on the model's class.
-    """
-    chosen = []
-    refused: list[tuple[_seams.Seam, str, bool]] = []
-    refused_groups = set()
-    for ms in _g.METHOD_SEAMS:
-        seam = ms.seam
-        if not callable(getattr(cls, ms.attribute, None)):
-            if ms.required:
-                refused.append((seam, f"{cls.__qualname__} has no {ms.attribute}() under transformers "
-                                      f"{check_version()}", False))
-                refused_groups.add(seam.group)
-            continue
-        why = seam.mismatch(cls)
-        if why is not None:
-            refused.append((seam, why, False))
-            refused_groups.add(seam.group)
-            continue
-        chosen.append(ms)
-    fitting = []
-    for ms in chosen:
-        if ms.seam.group in refused_groups:
-            refused.append((ms.seam, f"not installed: another seam of {ms.seam.group} was refused", True))
-        else:
-            fitting.append(ms)
-    return fitting, refused
 
 
 def _install(model: Any, st: Any) -> None:

@@ -6,7 +6,7 @@ import pytest
 from _hfkit import prompt, transformers
 
 import gpuprobe
-from gpuprobe.integrations import _hf_generate
+from gpuprobe.integrations._hf import generate as hf_generate
 from gpuprobe.integrations.transformers import instrument
 
 REQUEST = "gen_ai.server.request.duration"
@@ -64,7 +64,7 @@ def test_exception_in_a_user_logits_processor_propagates_unchanged(make_model):
         model.generate(prompt(), max_new_tokens=6, logits_processor=transformers.LogitsProcessorList([bad]))
     assert requests_by_error() == {"Boom": 1}
     assert metric_value("gpuprobe.generate.active") == 0
-    state = model.__dict__[_hf_generate.STATE_KEY]
+    state = model.__dict__[hf_generate.STATE_KEY]
     assert state.current() is None  # the call's context is gone
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 

@@ -10,7 +10,7 @@ import pytest
 from _hfkit import FAMILIES, prompt, torch, transformers
 
 import gpuprobe
-from gpuprobe.integrations import _hf_generate
+from gpuprobe.integrations._hf import generate as hf_generate
 from gpuprobe.integrations import transformers as hf
 
 TTFT = "gen_ai.server.time_to_first_token"
@@ -26,7 +26,7 @@ def ttft_count(model_name: str | None = None) -> int:
 
 
 def seams(model) -> dict[str, object]:
-    return {ms.attribute: model.__dict__.get(ms.attribute) for ms in _hf_generate.METHOD_SEAMS}
+    return {ms.attribute: model.__dict__.get(ms.attribute) for ms in hf_generate.METHOD_SEAMS}
 
 
 def test_uninstrument_restores_outputs_methods_and_hooks(make_model):

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from _hfkit import prompt, torch, transformers
 
-from gpuprobe.integrations import _hf_generate
 from gpuprobe.integrations.transformers import instrument
 from gpuprobe.testing import InMemoryExporter
+from helpers import patch_host_clock
 
 MS = 1_000_000
 US = 1_000
@@ -31,6 +31,7 @@ TPOT = "gen_ai.server.time_per_output_token"
 ITL = "gpuprobe.inter_token.duration"
 REQUEST = "gen_ai.server.request.duration"
 STEP = "gpuprobe.step.duration"
+GENERATE = "gpuprobe.integrations._hf.generate"  # the modules whose host clock the tests set
 
 utils = transformers.generation.utils
 
@@ -87,7 +88,7 @@ def on_simulated_gpu(simcuda, monkeypatch, model, *, prefill: int, decode: int, 
     and wait as they do on a GPU. The integration's host clock is the simulation's clock."""
     sim = simcuda(1, cpu_tensors_on=0)
     torch.cuda.current_device()  # the program has initialized CUDA
-    monkeypatch.setattr(_hf_generate, "perf_counter_ns", lambda: sim.now_ns(0))
+    patch_host_clock(monkeypatch, GENERATE, lambda: sim.now_ns(0))
 
     def forward_kernels(module, args, kwargs, output):  # type: ignore[no-untyped-def]
         ids = kwargs.get("input_ids")
@@ -250,7 +251,7 @@ def test_latencies_follow_what_a_streamer_receives(monkeypatch, make_model, defe
     if deferred:
         force_deferred_stop_check(monkeypatch)
     clock = HostClock()
-    monkeypatch.setattr(_hf_generate, "perf_counter_ns", clock)
+    patch_host_clock(monkeypatch, GENERATE, clock)
     instrument(model, model_name="m")
     timed = StepTime(clock, step_times)
     client = Arrivals(clock)
@@ -278,7 +279,7 @@ def test_a_one_token_request_has_a_ttft_and_no_time_per_output_token(monkeypatch
     if deferred:
         force_deferred_stop_check(monkeypatch)
     clock = HostClock()
-    monkeypatch.setattr(_hf_generate, "perf_counter_ns", clock)
+    patch_host_clock(monkeypatch, GENERATE, clock)
     model = instrument(make_model("llama"), model_name="m")
     client = Arrivals(clock)
     with InMemoryExporter() as exp:

@@ -12,7 +12,7 @@ import pytest
 from _hfkit import prompt, torch, transformers
 
 import gpuprobe
-from gpuprobe.integrations import _hf_generate
+from gpuprobe.integrations._hf import generate as hf_generate
 from gpuprobe.integrations.transformers import instrument
 from gpuprobe.runtime import runtime
 
@@ -180,7 +180,7 @@ def test_no_audit_of_a_call_whose_forward_transformers_compiles(make_model, monk
     # here the "compiled" forward is the plain one, so no compiler runs on the CPU.
     monkeypatch.setattr(type(model), "_valid_auto_compile_criteria", lambda self, *a, **k: True)
     asked: list[bool] = []
-    state = model.__dict__[_hf_generate.STATE_KEY]
+    state = model.__dict__[hf_generate.STATE_KEY]
     monkeypatch.setitem(state.originals, "get_compiled_call", lambda *a, **k: asked.append(True) or model.__call__)
     proc = TwoItemsOneNonzero()
     generate(model, proc, tokens=3)

@@ -18,7 +18,7 @@ import pytest
 from _hfkit import prompt, torch, transformers
 
 import gpuprobe
-from gpuprobe.integrations import _hf_generate, _hf_marks
+from gpuprobe.integrations._hf.generate import marks as hf_marks, steps as hf_steps
 from gpuprobe.integrations.transformers import instrument
 
 BUILT_IN = "RepetitionPenaltyLogitsProcessor"
@@ -189,11 +189,11 @@ def test_without_a_profiler_no_range_is_entered(make_model, monkeypatch):
     model = instrument(make_model("llama"), model_name="m")
     generate(model)  # binds what the ranges need, if anything would
     entered: list[str] = []
-    monkeypatch.setattr(_hf_marks, "_enter", lambda name, args: entered.append(name))
+    monkeypatch.setattr(hf_marks, "_enter", lambda name, args: entered.append(name))
     generate(model)
     assert entered == []
     # the check each step makes is torch's own C function: no Python frame on the step
-    assert _hf_generate._profiling is torch._C._autograd._profiler_enabled
+    assert hf_steps.profiling is torch._C._autograd._profiler_enabled
 
 
 def test_the_kernel_samplers_sessions_get_no_ranges(make_model, monkeypatch):
@@ -208,9 +208,9 @@ def test_the_kernel_samplers_sessions_get_no_ranges(make_model, monkeypatch):
     sampler = KernelSampler(1).attach()
     try:
         entered: list[str] = []
-        _hf_marks._bind_ranges()  # else bound at the first marked step, after the stand-in below
-        real = _hf_marks._enter
-        monkeypatch.setattr(_hf_marks, "_enter", lambda name, args: entered.append(name) or real(name, args))
+        hf_marks._bind_ranges()  # else bound at the first marked step, after the stand-in below
+        real = hf_marks._enter
+        monkeypatch.setattr(hf_marks, "_enter", lambda name, args: entered.append(name) or real(name, args))
         generate(model)
         # It sampled steps (each after the first, less those whose predecessor was still being read:
         # on a loaded machine some are skipped, counted as kernel_sampling_busy).
@@ -230,6 +230,6 @@ def test_steps_after_the_window_get_no_ranges(make_model, tmp_path, monkeypatch)
     generate(model)
     assert window.state == "done"
     entered: list[str] = []
-    monkeypatch.setattr(_hf_marks, "_enter", lambda name, args: entered.append(name))
+    monkeypatch.setattr(hf_marks, "_enter", lambda name, args: entered.append(name))
     generate(model)  # steps 6-11: after the window
     assert entered == []

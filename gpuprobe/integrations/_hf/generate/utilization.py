@@ -14,7 +14,7 @@ import inspect
 import sys
 from typing import Any
 
-from .._utilization import (
+from ...._utilization import (
     MBU,
     MFU,
     ModelShape,
@@ -25,8 +25,8 @@ from .._utilization import (
     step_bytes,
     step_flops,
 )
-from .._placement import tensor_device
-from ..runtime import Runtime
+from ...._placement import tensor_device
+from ....runtime import Runtime
 
 __all__ = ["Utilization", "StepUtilization", "measure", "UnsupportedShape"]
 

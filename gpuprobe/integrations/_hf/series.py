@@ -6,15 +6,21 @@ token, request duration by error type, token usage), labelled with :func:`genai_
 step series (step duration by phase and clock, its components, inter-token latency on both clocks)
 carry :data:`MODEL_LABEL`. Each path keeps the bound ``apply`` of the series it records on its hot path
 (a record is ``(apply, value)``, see :mod:`gpuprobe.runtime`).
+
+Both paths close a step the same way: the step's host duration goes to ``StepSeries.host[phase]``, and on a
+GPU its device span, a pending record whose target is ``StepSeries.device[phase]`` or, when the step's
+forward selected output tokens after the first, a :class:`DecodeSpan` (:meth:`StepSeries.device_span`),
+which is also the device inter-token latency of those tokens. Each ``close_step`` writes those two
+appends itself (why: see the comment there).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..runtime import Runtime
+from ...runtime import Runtime
 
-__all__ = ["MODEL_LABEL", "OPERATION", "PROVIDER", "RequestSeries", "StepSeries", "genai_labels",
+__all__ = ["MODEL_LABEL", "OPERATION", "PROVIDER", "DecodeSpan", "RequestSeries", "StepSeries", "genai_labels",
            "time_per_output_token_ns"]
 
 PROVIDER = "transformers"
@@ -72,10 +78,32 @@ class RequestSeries:
         return found
 
 
+class DecodeSpan:
+    """A decoding step's device span as a record target: the step's device series once, and the device
+    inter-token latency once for each of the ``tokens`` output tokens (after a request's first) that the
+    step's forward selected. generate() sets ``tokens`` to 0 on its own copy when the token turns out not
+    to be an output token."""
+
+    __slots__ = ("step", "itl", "tokens")
+
+    def __init__(self, step: Any, itl: Any, tokens: int = 1) -> None:
+        self.step = step  # the device step series of the step's phase
+        self.itl = itl  # the device inter-token series (a histogram child)
+        self.tokens = tokens
+
+    def apply(self, ns: int) -> None:
+        self.step.apply(ns)
+        tokens = self.tokens
+        if tokens == 1:
+            self.itl.apply(ns)
+        elif tokens:
+            self.itl.apply_many([ns] * tokens)
+
+
 class StepSeries:
     """A model's step series: step duration per phase on both clocks, components, inter-token latency."""
 
-    __slots__ = ("model", "host", "device", "itl_host", "itl_device", "_components")
+    __slots__ = ("model", "host", "device", "itl_host", "itl_device", "_components", "_spans")
 
     def __init__(self, rt: Runtime, model: str, phases: tuple[str, ...]) -> None:
         fam = rt.family
@@ -88,7 +116,21 @@ class StepSeries:
         self.itl_host = itl.child(**self.model, clock="host")
         self.itl_device = itl.child(**self.model, clock="device")
         self._components = fam("gpuprobe.step.component.duration")
+        self._spans: dict[tuple[int, int], DecodeSpan] = {}
 
     def component(self, component: str, **labels: str) -> Any:
         """The ``apply`` of a component's series (``processor=`` for a logits processor's class)."""
         return self._components.child(**self.model, component=component, **labels).apply
+
+    def device_span(self, phase: int, tokens: int) -> DecodeSpan:
+        """The shared record target of a step of ``phase`` (an index of ``phases``) whose forward selected
+        ``tokens`` output tokens after a request's first (cached per phase and count, bounded like the
+        other caches; never changed: generate() makes its own :class:`DecodeSpan` when it may undo one)."""
+        key = (phase, tokens)
+        found = self._spans.get(key)
+        if found is None:
+            found = DecodeSpan(self.device[phase], self.itl_device, tokens)
+            # Why a cache: a step's target then costs one dict hit instead of an object a step.
+            if len(self._spans) < 4096:
+                self._spans[key] = found
+        return found

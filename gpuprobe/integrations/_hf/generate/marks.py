@@ -26,9 +26,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .. import _sync_audit
-from ..runtime import Runtime
-from ._hf_series import MODEL_LABEL
+from .... import _sync_audit
+from ....runtime import Runtime
+from ..series import MODEL_LABEL
 
 __all__ = ["StepMarker", "StepMarks"]
 

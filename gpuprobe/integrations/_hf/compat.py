@@ -1,0 +1,304 @@
+"""What gpuprobe knows of transformers itself: the versions supported, shape checks, and every reading of
+transformers' own objects (private names included), gathered here so a new release is checked in one place.
+
+The seams' own shape checks (a method's parameters) are :meth:`gpuprobe._seams.Seam.check`; what is
+here checks the objects around them. Nothing here imports transformers at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from ... import _seams
+from ..._placement import tensor_device
+from ...errors import GpuprobeError, missing
+
+__all__ = ["SUPPORTED_VERSIONS", "TESTED_VERSION", "UnsupportedVersionError", "UnsupportedModelError",
+           "import_transformers", "parse_version", "check_version", "check_model", "fits", "input_device",
+           "input_tokens", "defers_stop_check", "model_output_cache", "cache_bytes", "continuous_batching_classes",
+           "request_statuses", "ends_with_eos", "paged_cache_geometry", "used_blocks", "processor_placement"]
+
+# -- versions and models ---------------------------------------------------------------------------
+
+SUPPORTED_VERSIONS = ">=5.18,<6"
+TESTED_VERSION = "5.24"
+_MIN, _MAX = (5, 18), (6, 0)
+
+
+class UnsupportedVersionError(GpuprobeError):
+    """The installed transformers is outside the versions this integration supports."""
+
+    __module__ = "gpuprobe.integrations.transformers"  # its public name (tracebacks, pickles)
+
+
+class UnsupportedModelError(GpuprobeError, TypeError):
+    """The object given is not a transformers model that can ``generate()``."""
+
+    __module__ = "gpuprobe.integrations.transformers"  # its public name (tracebacks, pickles)
+
+
+def import_transformers() -> Any:
+    """The transformers module; a clear error naming the extra to install when it is missing."""
+    try:
+        import transformers
+    except ImportError as exc:
+        raise missing("transformers", "transformers") from exc
+    return transformers
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    """``(major, minor)`` of a version string (``"5.24.0.dev0"`` -> ``(5, 24)``)."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def check_version() -> str:
+    """Check the installed transformers version; returns it.
+
+    Returns:
+        The installed version string.
+
+    Raises:
+        UnsupportedVersionError: outside ``SUPPORTED_VERSIONS``; the message names both.
+        MissingDependencyError: transformers is not installed.
+
+    Example:
+        >>> from gpuprobe.integrations.transformers import check_version
+        >>> check_version().startswith("5.")
+        True
+    """
+    version = str(import_transformers().__version__)
+    if not (_MIN <= parse_version(version) < _MAX):
+        raise UnsupportedVersionError(
+            f"gpuprobe's transformers integration supports transformers {SUPPORTED_VERSIONS} "
+            f"(tested with {TESTED_VERSION}); the installed version is {version}. "
+            f"Install a supported version, e.g. pip install 'transformers{SUPPORTED_VERSIONS}'."
+        )
+    return version
+
+
+def check_model(model: Any) -> Any:
+    """Check that ``model`` is a transformers model instance that can generate; returns ``GenerationMixin``."""
+    tr = import_transformers()
+    check_version()
+    mixin = tr.GenerationMixin
+    if isinstance(model, type):
+        raise UnsupportedModelError(
+            f"instrument() takes a model instance, got the class {model.__qualname__}; "
+            "use instrument_class() for every instance of a class"
+        )
+    if not isinstance(model, mixin) or not callable(getattr(model, "generate", None)):
+        hint = ""
+        if callable(getattr(model, "get_base_model", None)):  # a PEFT wrapper
+            hint = "; for a PEFT model, instrument model.get_base_model()"
+        raise UnsupportedModelError(
+            "gpuprobe.integrations.transformers.instrument() needs a transformers model that can generate "
+            "(a GenerationMixin subclass such as AutoModelForCausalLM or AutoModelForSeq2SeqLM); got "
+            f"{type(model).__module__}.{type(model).__qualname__}{hint}"
+        )
+    can = getattr(model, "can_generate", None)
+    if callable(can) and not can():
+        raise UnsupportedModelError(
+            f"{type(model).__qualname__} cannot generate (its can_generate() is False); "
+            "instrument a model with a language-modeling head"
+        )
+    return mixin
+
+
+def fits(obj: Any, seams: tuple[_seams.Seam, ...]) -> bool:
+    """Whether ``obj`` has every method of ``seams`` with the parameters gpuprobe reads (the first
+    mismatch is recorded on its seam: ``info()["seams"]``)."""
+    if obj is None or not hasattr(obj, "__dict__"):
+        for seam in seams:
+            seam.refuse(f"the object that should have {seam.attribute} is missing or has no __dict__")
+        return False
+    return all(seam.check(obj) is None for seam in seams)
+
+
+# -- generate(): its arguments, its loop, its outputs ------------------------------------------------
+
+def input_device(inputs: Any, kwargs: dict[str, Any]) -> Any:
+    """Where a generate() call's inputs live (``torch.device``), or None when no tensor is found.
+
+    ``inputs``: what was passed as generate()'s ``inputs`` parameter (by position or keyword).
+    """
+    x = inputs
+    if x is None:
+        x = kwargs.get("input_ids")
+        if x is None:
+            x = kwargs.get("inputs_embeds")
+    return tensor_device(x) if hasattr(x, "device") else None
+
+
+def defers_stop_check(frame: Any) -> bool:
+    """Whether the decoding loop running in ``frame`` reads each step's tokens one step late.
+
+    transformers 5.x (``_sample``) keeps its stop check in the local ``stop_check``: a
+    ``DeferredStopCheck`` (mps in 5.23; planned for CUDA) copies the stop flag and the tokens to the
+    host without waiting and reads them in the next step. Anything else (beam search, a loop without
+    that local, older versions) is taken as reading each step's tokens in that step.
+    """
+    utils = sys.modules.get("transformers.generation.utils")
+    deferred = getattr(utils, "DeferredStopCheck", None)
+    if deferred is None:
+        return False
+    try:
+        # Why once per call, at the first check after the prefill: reading a frame's locals copies all of
+        # _sample's (~40) into a dict, 6-13 us on the test CPU.
+        return isinstance(frame.f_locals.get("stop_check"), deferred)
+    except Exception:
+        return False
+
+
+def input_tokens(inputs: Any, kwargs: dict[str, Any]) -> int | None:
+    """Prompt tokens of a generate() call from the shape of its token ids (padding included).
+
+    ``inputs``: what was passed as generate()'s ``inputs`` parameter (by position or keyword).
+    """
+    x = inputs
+    if x is None:
+        x = kwargs.get("input_ids")
+    if x is not None:
+        shape = getattr(x, "shape", None)
+        dtype = getattr(x, "dtype", None)
+        if shape is not None and len(shape) == 2 and dtype is not None and not dtype.is_floating_point:
+            return int(shape[0]) * int(shape[1])
+        return None
+    x = kwargs.get("inputs_embeds")
+    shape = getattr(x, "shape", None)
+    if shape is not None and len(shape) == 3:
+        return int(shape[0]) * int(shape[1])
+    return None
+
+
+def model_output_cache(outputs: Any) -> Any:
+    """The KV cache a forward returned, read without side effects.
+
+    transformers >= 5.24 names it ``cache`` and keeps ``past_key_values`` as a property that logs a
+    deprecation warning; earlier 5.x name it ``past_key_values``. A model output is a dict of the
+    fields that are set: read as a dict, neither name logs anything.
+    """
+    get = getattr(outputs, "get", None)
+    if get is None:
+        return None
+    for key in ("cache", "past_key_values"):
+        found = get(key)
+        if found is not None:
+            return found
+    return None
+
+
+def cache_bytes(cache: Any) -> int:
+    """Bytes held by a transformers cache object: the sum of its tensors' ``nbytes`` (no sync)."""
+    total = 0
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        for sub in ("self_attention_cache", "cross_attention_cache"):
+            inner = getattr(cache, sub, None)
+            if inner is not None:
+                total += cache_bytes(inner)
+        return total
+    for layer in layers:
+        for attr in ("keys", "values"):
+            t = getattr(layer, attr, None)
+            if t is not None:
+                total += t.nbytes
+    return total
+
+
+# -- continuous batching ---------------------------------------------------------------------------
+
+def continuous_batching_classes(names: Iterable[str]) -> dict[str, type]:
+    """The classes of transformers' continuous-batching package named ``names``, by name; a class not
+    found is left out.
+
+    Imports every module of that package (a few seconds): the classes live in several of them, and
+    which one has moved between releases.
+    """
+    import transformers.generation.continuous_batching as package
+
+    for found in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        try:
+            importlib.import_module(found.name)
+        except Exception:  # a module that needs what is not installed (a kernel library): not ours to judge
+            pass
+    wanted = set(names)
+    classes: dict[str, type] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == package.__name__ or name.startswith(package.__name__ + ".")):
+            continue
+        for owner in wanted:
+            cls = getattr(module, owner, None)
+            if isinstance(cls, type) and cls.__module__.startswith(package.__name__):
+                classes.setdefault(owner, cls)
+    return classes
+
+
+def request_statuses() -> tuple[int, int]:
+    """``(finished, failed)``: the values of transformers' ``RequestStatus`` that end a request."""
+    from transformers.generation.continuous_batching.requests import RequestStatus
+
+    return int(RequestStatus.FINISHED), int(RequestStatus.FAILED)
+
+
+def ends_with_eos(state: Any, tokens: list[int]) -> bool:
+    """Whether a request's ``tokens`` end with one of its ``RequestState``'s end-of-sequence ids."""
+    if not tokens or state is None:
+        return False
+    eos = getattr(state, "eos_token_id", None)
+    if eos is None:
+        return False
+    if isinstance(eos, int):
+        return tokens[-1] == eos
+    return tokens[-1] in eos
+
+
+def paged_cache_geometry(cache: Any) -> tuple[list[tuple[int, int, Any]], int, int]:
+    """What a paged cache's size is made of, read once per batch processor: ``(allocators, total bytes,
+    blocks)``, each allocator as ``(pool index, bytes per block, ledger of prefix-cached blocks or None)``."""
+    allocators = []
+    for allocator in getattr(cache, "cache_allocators", {}).values():
+        ledger = getattr(allocator, "ledger", None)
+        allocators.append((allocator.index, allocator.bytes_per_block, ledger))
+    return allocators, int(cache.num_sectors) * int(cache.bytes_per_sector), int(getattr(cache, "num_blocks", 0))
+
+
+def used_blocks(cache: Any, allocators: list[tuple[int, int, Any]], total_bytes: int,
+                num_blocks: int) -> tuple[int, float]:
+    """Blocks in use and the fraction of the cache they hold (``allocators`` etc.: :func:`paged_cache_geometry`).
+    Blocks kept only for prefix reuse (no request holds them; the scheduler evicts them when it needs
+    room) count as free."""
+    pool = cache.pool
+    free = len(pool.free_sectors) * cache.bytes_per_sector
+    for index, per_block, ledger in allocators:
+        n = pool.count_free_blocks(index)
+        if ledger is not None:
+            n += len(ledger.cached_blocks)
+        free += n * per_block
+    used = 1.0 - free / total_bytes if total_bytes else 0.0
+    used = min(1.0, max(0.0, used))
+    return round(used * num_blocks), used
+
+
+def processor_placement(bp: Any) -> tuple[int | None, Any]:
+    """``(CUDA device, compute stream)`` of a continuous-batching processor; ``(None, None)`` off CUDA.
+
+    Where the paged cache lives is where the model runs (transformers makes both on model.device);
+    read through gpuprobe's one reader of tensor devices. The forward runs on the processor's compute
+    stream (its events go there too).
+    """
+    cache_tensor = getattr(getattr(bp, "cache", None), "cache_tensor", None)
+    device: Any = tensor_device(cache_tensor) if cache_tensor is not None else getattr(bp, "model_device", None)
+    if getattr(device, "type", None) != "cuda":
+        return None, None
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, getattr(getattr(bp, "inputs_and_outputs", None), "compute_stream", None)

@@ -1,0 +1,277 @@
+"""The state of one instrumented model: its options, series and parts, prepared once, and its calls.
+
+What a seam (:mod:`.seams`) finds in ``model.__dict__[STATE_KEY]``. A ``generate()`` call begins
+(:meth:`ModelState.begin_call`: its :class:`~.call.Call` on this thread) and ends
+(:meth:`ModelState.end_call`: request duration, token usage, time per output token, the last gauges)
+here; its steps run in :mod:`.steps`.
+
+``copy.deepcopy`` and pickling of a model turn its state into ``None``: a copy of an instrumented model is
+a plain, uninstrumented model (its seams pass through).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from time import perf_counter_ns
+from typing import Any
+
+from .... import _seams, is_enabled, memory
+from ....runtime import Runtime
+from ..compat import cache_bytes, input_device, input_tokens
+from ..continuous import ServingState
+from ..series import RequestSeries, StepSeries, time_per_output_token_ns
+from . import steps as _steps
+from .call import Call
+from .layers import LayerTiming
+from .marks import StepMarker
+from .steps import StepMachine
+from .streamer import time_streamer
+from .timed import ElementTiming
+from .utilization import Utilization
+
+__all__ = ["ModelState"]
+
+
+def _none() -> None:
+    return None
+
+
+class ModelState(StepMachine, LayerTiming, ElementTiming):
+    """Everything prepared once for one instrumented model: options, series, NVTX strings, originals.
+
+    Its parts are base classes, each in its own module: :class:`~.steps.StepMachine` (the steps),
+    :class:`~.layers.LayerTiming` (layer hooks), :class:`~.timed.ElementTiming` (logits processors and
+    stopping criteria). Why base classes and not objects of their own: their methods are then the
+    state's own, and a decode step makes no Python call more than with one class.
+    """
+
+    def __init__(self, model: Any, rt: Runtime, *, name: str, layers: list[tuple[Any, int]],
+                 layer_every: int, layer_index: bool, memory: bool, kv_cache: bool, memory_every: int,
+                 options: dict[str, Any]) -> None:
+        self.model_name = name
+        self.model = weakref.ref(model)
+        self.rt = rt
+        self.options = options
+        self.tls = threading.local()
+        self.layer_every = layer_every
+        self.memory = memory
+        self.kv_cache = kv_cache
+        self.memory_every = memory_every
+        self.originals: dict[str, Any] = {}  # attribute -> callable (bound) run underneath
+        self.readers: dict[str, _seams.ArgReader] = {}  # attribute -> reads the parameters gpuprobe uses, by name
+        self.patches: list[_seams.Patch] = []  # the seams installed on the model (undone by uninstrument)
+        self.decode_count = 0
+        self._nvtx_cache: dict[tuple[str, str, int], Any] = {}
+        self._devices: dict[int, tuple[int, ...]] = {}  # input device -> every CUDA device the model uses
+        _steps.bind_torch()
+        fam = rt.family
+        # Records are (bound apply method of a series, value), the runtime's Record type. Why bound
+        # once: a step then appends tuples (0.11 us each) instead of calling Runtime.emit (0.57 us).
+        self.request_series = RequestSeries(rt, name)
+        steps = self.step_series = StepSeries(rt, name, ("prefill", "decode"))
+        self.step_host, self.step_dev = steps.host, steps.device
+        self.itl_host, self.itl_dev = steps.itl_host.apply, steps.itl_device
+        # Why one prepared target: a decode step's device span feeds the step and the inter-token series;
+        # building the pair per step costs 0.18 us (test CPU), needed only when a token may be undone.
+        self.decode_span = steps.device_span(1, 1)
+        self.c_forward = steps.component("forward")
+        self.c_stopping = steps.component("stopping_criteria")
+        self.c_streamer = steps.component("streamer")
+        self.c_other = steps.component("other")
+        ml = steps.model
+        self.processors: dict[Any, tuple[Any, str]] = {}  # logits processor class -> (series, name)
+        self.criteria: dict[Any, tuple[Any, str]] = {}  # stopping criterion class -> (None, name)
+        self.batch = fam("gpuprobe.step.batch_size").child(**ml).apply
+        self.active = fam("gpuprobe.generate.active").child(**ml).apply
+        self.kv_mem = fam("gpuprobe.kv_cache.memory").child(**ml).apply
+        self.kv_seq = fam("gpuprobe.kv_cache.sequence_length").child(**ml).apply
+        self._mem: dict[str, tuple[Any, Any, Any]] = {}
+        self.prepare_layers(layers, ml, layer_index)
+        self.generate_message = f"generate {name}"
+        self.utilization = Utilization(model, rt, name)  # measured once (MBU, MFU)
+        self.marker = StepMarker(rt, name)  # component ranges in profile windows, the sync audit
+        self.serving: Any = None  # continuous batching's series (continuous.ServingState), at first use
+
+    def current(self) -> Call | None:
+        """The call running on this thread, if any."""
+        return getattr(self.tls, "ctx", None)
+
+    def nvtx(self, nv: Any, message: str, kind: str, payload: int | None) -> Any:
+        """A prepared NVTX range (cached per message and step; only used when a tool is attached)."""
+        key = (message, kind, -1 if payload is None else payload)
+        h = self._nvtx_cache.get(key)
+        if h is None:
+            h = nv.prepare(message, kind, payload)
+            # Why a cache: preparing a range with a payload costs 1.3 us; a dict hit 0.12 us.
+            if len(self._nvtx_cache) < 65536:
+                self._nvtx_cache[key] = h
+        return h
+
+    def observe_manager(self, manager: Any) -> None:
+        """Continuous batching: observe the manager ``init_continuous_batching`` returned (once)."""
+        if self.serving is None:
+            self.serving = ServingState(self.rt, self.model_name, self.request_series)
+        self.serving.observe(manager)
+
+    def memory_children(self, device: str) -> tuple[Any, Any, Any]:
+        found = self._mem.get(device)
+        if found is None:
+            fam = self.rt.family
+            found = (fam("gpuprobe.memory.allocated").child(device=device).apply,
+                     fam("gpuprobe.memory.reserved").child(device=device).apply,
+                     fam("gpuprobe.memory.peak").child(device=device).apply)
+            self._mem[device] = found
+        return found
+
+    def devices_for(self, model: Any, device: int) -> tuple[int, ...]:
+        """Every CUDA device the model uses, given the device of its inputs (cached per input device).
+
+        The input device, and those of ``hf_device_map`` (``device_map="auto"``) and of the timed layers.
+        """
+        found = self._devices.get(device)
+        if found is None:
+            used = {device}
+            device_map = getattr(model, "hf_device_map", None)
+            if isinstance(device_map, dict):
+                used.update(d for d in device_map.values() if isinstance(d, int) and not isinstance(d, bool))
+            used.update(d for d in (self.module_device(m) for m in self.layers) if d is not None)
+            found = self._devices[device] = tuple(sorted(used))
+        return found
+
+    def read_gauges(self, ctx: Call) -> None:
+        """Memory and KV-cache gauges (no device sync: allocator counters, shapes and nbytes)."""
+        records = ctx.records
+        if self.memory:
+            rt = self.rt
+            # The devices the call's model uses; a call on the CPU reads the process's memory.
+            reader = rt.backends.read_memory if ctx.devices else memory.process_reading
+            for device in ctx.devices or (None,):
+                try:
+                    reading = reader(device)
+                except Exception as exc:
+                    rt.warn_once("memory", f"gpuprobe: memory reading failed: {exc!r}")
+                    break
+                if reading is None:
+                    continue
+                a, r, p = self.memory_children(reading.device)
+                records.append((a, reading.allocated))
+                if reading.reserved is not None:
+                    records.append((r, reading.reserved))
+                records.append((p, reading.peak))
+        if self.kv_cache and ctx.cache is not None:
+            records.append((self.kv_mem, cache_bytes(ctx.cache)))
+            if ctx.prompt_len is not None:
+                records.append((self.kv_seq, ctx.prompt_len + max(ctx.step, 0)))
+
+    # -- the call ----------------------------------------------------------------------------
+    def begin_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], reader: _seams.ArgReader) -> Call | None:
+        """A generate() call starts on this thread: its context, or None when it is not measured.
+
+        Nothing of the call's arguments is changed: the streamer is timed through its own ``put``
+        (patched for the call, see :func:`.streamer.time_streamer`).
+        """
+        if not is_enabled() or _steps.compiling():
+            return None
+        rt = self.rt
+        backends = rt.backends
+        nv = backends.nvtx if backends.nvtx.enabled else None
+        ctx = Call(perf_counter_ns(), rt.thread_records(), nv, backends.device_clock)
+        ctx.args, ctx.kwargs = args, kwargs
+        ctx.inputs = reader.get(args, kwargs, "inputs")
+        if ctx.clock is not None:  # the call's start on the device of its inputs (device TTFT)
+            dev = input_device(ctx.inputs, kwargs)
+            if dev is not None and dev.type == "cuda":
+                ctx.call_tok = ctx.clock.start(dev.index if dev.index is not None else 0)
+        ctx.audit = rt.settings.sync_audit
+        tls = self.tls
+        ctx.prev = getattr(tls, "ctx", None)
+        tls.ctx = ctx
+        streamer = reader.get(args, kwargs, "streamer")
+        if streamer is not None:
+            ctx.undo.append(time_streamer(streamer, ctx, self))
+        ctx.records.append((self.active, 1))
+        self.layers_moved = True
+        if nv is not None:
+            nv.push(self.nvtx(nv, self.generate_message, "generate", None))
+        return ctx
+
+    def end_call(self, ctx: Call, out: Any, err: BaseException | None) -> None:
+        """The call ``ctx`` returned ``out`` or raised ``err``: its samples; what it patched is put back."""
+        try:
+            self._finish(ctx, out, err)
+        finally:
+            self.tls.ctx = ctx.prev
+            ctx.args = ctx.kwargs = ctx.inputs = ctx.prev = None
+            undo, ctx.undo = ctx.undo, []
+            for restore in undo:
+                if restore is not None:
+                    restore()
+
+    def _finish(self, ctx: Call, out: Any, err: BaseException | None) -> None:
+        t1 = perf_counter_ns()
+        nv = ctx.nv
+        if ctx.step_open:
+            if err is None:
+                self.close_step(ctx, t1)
+            else:  # a failed step leaves no sample, only its ranges to close
+                ctx.step_open = False
+                marks = ctx.marks
+                if marks is not None:  # its ranges and audit too (the syncs it ran are counted)
+                    ctx.marks = None
+                    self.marker.close(marks, ctx.records)
+                if ctx.dev_tok is not None and ctx.clock is not None:
+                    ctx.clock.discard(ctx.clock.stop(ctx.dev_tok))
+                    ctx.dev_tok = None
+                if ctx.layers_on:
+                    ctx.layers_on = False
+                    self.release_layers()
+        if ctx.clock is not None:  # a boundary no step started at (a failure between two steps)
+            ctx.clock.drop(ctx.boundary)
+            ctx.boundary = None
+            if ctx.layer_next is not None:
+                ctx.clock.drop(ctx.layer_next[1])
+                ctx.layer_next = None
+        if nv is not None:
+            for _ in range(ctx.depth):
+                nv.pop()
+            ctx.depth = 0
+            nv.pop()  # generate
+        ctx.live = False
+        records = ctx.records
+        dur = t1 - ctx.t0
+        if err is not None:
+            records.append((self.request_series.request_error(type(err).__qualname__), dur))
+            self.rt.observe_exception(err)
+            self.last_tokens(ctx, t1, None, failed=True)
+        else:
+            records.append((self.request_series.request_ok, dur))
+            n_in = input_tokens(ctx.inputs, ctx.kwargs or {})
+            if n_in is None and ctx.prompt_len is not None and ctx.batch is not None:
+                n_in = ctx.prompt_len * ctx.batch
+            if n_in is not None:
+                records.append((self.request_series.usage_in, n_in))
+            seq = out if hasattr(out, "shape") else getattr(out, "sequences", None)
+            shape = getattr(seq, "shape", None)
+            n_out = None  # output tokens of each sequence
+            if shape is not None and len(shape) == 2:
+                start = ctx.prompt_len if ctx.prompt_len is not None else 0
+                n_out = max(0, int(shape[1]) - start)
+                records.append((self.request_series.usage_out, int(shape[0]) * n_out))
+            self.last_tokens(ctx, t1, n_out)
+            tpot = time_per_output_token_ns(dur - ctx.ttft_ns, n_out) if n_out and ctx.ttft_ns >= 0 else None
+            if tpot is not None:
+                records.append((self.request_series.tpot, tpot))
+            if self.memory or self.kv_cache:
+                self.read_gauges(ctx)
+        records.append((self.active, -1))
+        ctx.cache = None
+        self.rt.steps_done()
+        self.rt.drain_if_full(records)
+
+    # pickling and deep copies of a model drop its instrumentation (see the module docstring)
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        return None
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_none, ())
