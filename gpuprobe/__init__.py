@@ -61,8 +61,10 @@ def configure(*, meter_provider: Any = None, **settings: Any) -> Config:
         The settings now in force.
 
     Raises:
-        ConfigError: an unknown keyword or a bad value; the message names it. Also
-            ``disable=False`` in a process imported with ``GPUPROBE_DISABLE=1``.
+        ConfigError: an unknown keyword or a bad value, or an exporter a keyword asks for cannot start
+            (a port in use, a file that cannot be opened); the message names it. Also ``disable=False``
+            in a process imported with ``GPUPROBE_DISABLE=1``. What the environment asks for and cannot
+            be started is warned once instead, never raised.
 
     Example:
         >>> import gpuprobe
@@ -80,7 +82,7 @@ def configure(*, meter_provider: Any = None, **settings: Any) -> Config:
             disable()
         else:
             enable()
-    rt.configure(cfg)
+    rt.configure(cfg, frozenset(settings))
     if meter_provider is not None:
         from .exporters.otlp import MeterProviderBridge
 
@@ -113,6 +115,9 @@ def info() -> dict[str, Any]:
         "memory": "cuda-allocator" if b.cuda else "process-rss",
         "device": rt.registry.const_labels["gpuprobe.device"],
         "rank": rt.settings.rank,
+        # Variables of the environment that could not be used (their defaults are), and what they asked
+        # for that could not start (a port in use, a folder that does not exist): each warned once.
+        "settings_problems": list(rt.settings_problems),
         "exporters": [repr(e) for e in rt.lifecycle.items()],
         # The sync audit (docs/sync-audit.md): its setting, and the last places it first saw a host sync.
         "sync_audit": rt.settings.sync_audit,

@@ -2,8 +2,12 @@
 default and meaning, and everything else — reading ``GPUPROBE_*`` variables, validating the keywords
 of :func:`gpuprobe.configure`, the settings table in ``docs/quickstart.md`` — is derived from it.
 
-A bad value raises :class:`~gpuprobe.errors.ConfigError` naming the variable (or keyword) and the
-value. The table of every setting: :func:`settings_table` (``python -m gpuprobe.config``).
+A bad keyword value raises :class:`~gpuprobe.errors.ConfigError` naming the keyword and the value (the
+caller's own code asked for it). A variable of the environment that gpuprobe cannot use never stops the
+program: :func:`from_environment` replaces it by its default and reports it as a :class:`Problem`, which
+the runtime warns once; ``RANK`` / ``LOCAL_RANK`` of -1 (what launchers set for a single process) mean
+"no rank" without a word. :func:`load` stays strict for the tools that judge settings (``gpuprobe doctor``).
+The table of every setting: :func:`settings_table` (``python -m gpuprobe.config``).
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ import dataclasses
 import os
 import re
 import signal
+import string
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["Config", "Setting", "SETTINGS", "load", "replace", "parse_steps", "parse_duration", "settings_table"]
+__all__ = ["Config", "Setting", "SETTINGS", "Problem", "load", "from_environment", "replace", "parse_steps",
+           "parse_duration", "settings_table"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -54,16 +60,21 @@ def _int(low: int, high: int | None = None) -> Parser:
     return parse
 
 
-def _positive_float(name: str, raw: Any) -> float:
-    try:
-        if isinstance(raw, bool):
-            raise ValueError
-        value = float(raw) if isinstance(raw, (int, float)) else float(str(raw).strip())
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise ConfigError(f"{name} must be a finite number > 0, got {raw!r}")
-    return value
+def _seconds(high: float) -> Parser:
+    """A number of seconds > 0 and at most ``high`` (a thread waits on it: an unbounded one overflows)."""
+
+    def parse(name: str, raw: Any) -> float:
+        try:
+            if isinstance(raw, bool):
+                raise ValueError
+            value = float(raw) if isinstance(raw, (int, float)) else float(str(raw).strip())
+        except (ValueError, OverflowError):
+            raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+        if not 0 < value <= high:
+            raise ConfigError(f"{name} must be a number of seconds > 0 and at most {high:g}, got {raw!r}")
+        return value
+
+    return parse
 
 
 def _every_or_auto(name: str, raw: Any) -> int | str:
@@ -107,12 +118,24 @@ def _trace_output(name: str, raw: Any) -> str:
 
 
 _NAME_FIELDS = {"first": 0, "last": 0, "rank": 0, "pid": 0, "reason": "request"}
+# A field may be padded (`{first:05d}`, `{reason:>8}`) but not to a width that builds a huge name.
+_NAME_SPEC = re.compile(r"^(?:.?[<>^=])?0?[0-9]{0,2}[ds]?$")
 
 
 def _trace_name(name: str, raw: Any) -> str:
     text = _nonempty(name, raw).strip()
     if "/" in text or "\\" in text or text in (".", ".."):
         raise ConfigError(f"{name} must be a file name (the folder is GPUPROBE_PROFILE_DIR), got {raw!r}")
+    if len(text) > 200:
+        raise ConfigError(f"{name} must be at most 200 characters, got {len(text)}")
+    try:
+        specs = [spec for _, field, spec, _ in string.Formatter().parse(text) if field is not None and spec]
+    except ValueError as exc:
+        raise ConfigError(f"{name} is not a valid name pattern ({exc}), got {raw!r}") from None
+    bad = [spec for spec in specs if not _NAME_SPEC.match(spec)]
+    if bad:
+        raise ConfigError(f"{name} may pad a field to at most 99 characters (such as {{first:05d}}), "
+                          f"got the format {bad[0]!r} in {raw!r}")
     try:
         shown = text.format(**_NAME_FIELDS)
     except (KeyError, IndexError, ValueError) as exc:
@@ -233,6 +256,10 @@ def _steps(name: str, raw: Any) -> str:
     return f"{first}-{last}"
 
 
+_MAX_RANK = 2**31 - 1
+_MAX_LOCAL_RANK = 65535  # it is added to a TCP port
+
+
 # -- the declaration -------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -279,15 +306,15 @@ class Config:
                                         "add LOCAL_RANK to the Prometheus port (one port per local rank)")
     otlp_endpoint: str | None = _setting("GPUPROBE_OTLP_ENDPOINT", _url, None,
                                          "push OTLP/HTTP metrics to this URL", optional=True)
-    otlp_interval: float = _setting("GPUPROBE_OTLP_INTERVAL", _positive_float, 5.0, "seconds between OTLP pushes")
-    otlp_timeout: float = _setting("GPUPROBE_OTLP_TIMEOUT", _positive_float, 2.0, "seconds one OTLP push may take")
+    otlp_interval: float = _setting("GPUPROBE_OTLP_INTERVAL", _seconds(86400), 5.0, "seconds between OTLP pushes")
+    otlp_timeout: float = _setting("GPUPROBE_OTLP_TIMEOUT", _seconds(3600), 2.0, "seconds one OTLP push may take")
     jsonl: str | None = _setting("GPUPROBE_JSONL", _nonempty, None,
                                  "write every observation to this JSON-lines file", optional=True)
     max_label_values: int = _setting("GPUPROBE_MAX_LABEL_VALUES", _int(1, 100_000), 100,
                                      "distinct values per label before new ones fold into `other`")
     buffer_size: int = _setting("GPUPROBE_BUFFER_SIZE", _int(16, 10_000_000), 4096,
                                 "records a thread buffers before it aggregates them itself")
-    collect_interval: float = _setting("GPUPROBE_COLLECT_INTERVAL", _positive_float, 0.5,
+    collect_interval: float = _setting("GPUPROBE_COLLECT_INTERVAL", _seconds(3600), 0.5,
                                        "seconds between background collections")
     snapshot_at_step: int | None = _setting("GPUPROBE_SNAPSHOT_AT_STEP", _int(0), None,
                                             "dump a CUDA memory snapshot at this step", optional=True)
@@ -297,8 +324,10 @@ class Config:
     snapshot_stacks: str = _setting(
         "GPUPROBE_SNAPSHOT_STACKS", _choice("python", "all", "none"), "python",
         "allocation stacks in triggered snapshots: python (cheap), all (C++ too, slow), none")
-    rank: int = _setting("RANK", _int(0), 0, "this process's rank (the `gpuprobe.rank` label)")
-    local_rank: int = _setting("LOCAL_RANK", _int(0), 0, "this process's rank on its machine")
+    rank: int = _setting("RANK", _int(0, _MAX_RANK), 0,
+                         "this process's rank (the `gpuprobe.rank` label); -1 in the environment: no rank (0)")
+    local_rank: int = _setting("LOCAL_RANK", _int(0, _MAX_LOCAL_RANK), 0,
+                               "this process's rank on its machine; -1 in the environment: no rank (0)")
     profile_steps: str | None = _setting("GPUPROBE_PROFILE_STEPS", _steps, None,
                                          "capture steps A-B (see `gpuprobe.profile`)", optional=True)
     profile_output: str = _setting(
@@ -379,8 +408,60 @@ def _parse(key: str, shown: str, raw: Any) -> Any:
     return setting.parse(shown, raw)
 
 
+# Launchers and training scripts set these to -1 for a run of one process (transformers' own
+# `local_rank` default): "no rank", not a mistake.
+_NO_RANK = {"rank", "local_rank"}
+_NO_RANK_VALUE = re.compile(r"^\s*-[0-9]+\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A variable of the environment gpuprobe cannot use: what it says, why not, and what is used instead."""
+
+    variable: str
+    value: str
+    reason: str
+    used: str
+
+    def message(self) -> str:
+        """One line for a warning: the variable, the value, why, what is used instead."""
+        return f"gpuprobe: {self.variable}={self.value!r} cannot be used ({self.reason}); using {self.used} instead"
+
+
+def _shown_default(key: str) -> str:
+    value = Config.__dataclass_fields__[key].default
+    if value is None:
+        return "none (off)"
+    if isinstance(value, bool):
+        return "the default (" + ("on" if value else "off") + ")"
+    return f"the default {value}"
+
+
+def _read(env: Mapping[str, str], problems: list[Problem] | None) -> Config:
+    values: dict[str, Any] = {}
+    for key, setting in SETTINGS.items():
+        raw = env.get(setting.env)
+        if raw is None or (raw == "" and key not in _EMPTY_IS_VALUE):
+            continue
+        if key in _NO_RANK and _NO_RANK_VALUE.match(raw):
+            continue
+        if problems is None:
+            values[key] = _parse(key, setting.env, raw)
+            continue
+        try:
+            values[key] = _parse(key, setting.env, raw)
+        except ConfigError as exc:
+            reason = str(exc).removeprefix(f"{setting.env} ")
+            problems.append(Problem(setting.env, raw if len(raw) <= 200 else raw[:200] + "...", reason,
+                                    "no rank (0)" if key in _NO_RANK else _shown_default(key)))
+    return Config(**values)
+
+
 def load(environ: Mapping[str, str] | None = None) -> Config:
-    """Read a :class:`Config` from ``GPUPROBE_*`` variables (and RANK / LOCAL_RANK).
+    """Read a :class:`Config` from ``GPUPROBE_*`` variables (and RANK / LOCAL_RANK), strictly.
+
+    What a program uses is :func:`from_environment`, which never raises; this is for the tools that
+    judge settings (``gpuprobe doctor``).
 
     Args:
         environ: the variables to read; ``os.environ`` when None.
@@ -392,14 +473,27 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         >>> load({"GPUPROBE_MEMORY": "1"}).memory
         True
     """
-    env = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    for key, setting in SETTINGS.items():
-        raw = env.get(setting.env)
-        if raw is None or (raw == "" and key not in _EMPTY_IS_VALUE):
-            continue
-        values[key] = _parse(key, setting.env, raw)
-    return Config(**values)
+    return _read(os.environ if environ is None else environ, None)
+
+
+def from_environment(environ: Mapping[str, str] | None = None) -> tuple[Config, tuple[Problem, ...]]:
+    """Read a :class:`Config` from the environment, never raising: a value gpuprobe cannot use is
+    replaced by its default and reported; ``RANK`` / ``LOCAL_RANK`` below 0 mean no rank.
+
+    Args:
+        environ: the variables to read; ``os.environ`` when None.
+
+    Returns:
+        The settings, and one :class:`Problem` per variable that could not be used.
+
+    Example:
+        >>> cfg, problems = from_environment({"GPUPROBE_MEMORY": "1", "GPUPROBE_BUFFER_SIZE": "abc"})
+        >>> cfg.memory, cfg.buffer_size, [p.variable for p in problems]
+        (True, 4096, ['GPUPROBE_BUFFER_SIZE'])
+    """
+    problems: list[Problem] = []
+    cfg = _read(os.environ if environ is None else environ, problems)
+    return cfg, tuple(problems)
 
 
 def replace(base: Config, **changes: Any) -> Config:

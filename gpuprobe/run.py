@@ -13,8 +13,10 @@ Limits: the command must be a Python program (a script, ``python ...``, a consol
 ``transformers serve``) run by a Python that can import gpuprobe. ``python -I`` (isolated mode) and
 ``python -E`` ignore ``PYTHONPATH``, and ``python -S`` imports no ``sitecustomize``: under those
 nothing is switched on. Python subprocesses of the command inherit the environment and are switched
-on too when they import transformers; two of them serving ``/metrics`` on one port cannot both bind
-it (the second says so on stderr and runs on) — torchrun's workers get one port per local rank.
+on too when they import transformers (or use ``@probe``); the first to start serves ``/metrics`` on the
+port, torchrun's workers get one port per local rank, and any other that finds the port taken warns
+once and runs on without an endpoint (docs/serving.md). A ``GPUPROBE_*`` variable gpuprobe cannot use is
+named once and left out of the command's environment, so its default applies.
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ def child_environment(options: Mapping[str, str], environ: Mapping[str, str] | N
     """
     env = dict(os.environ if environ is None else environ)
     env.update(options)
+    for problem in config.from_environment(env)[1]:
+        del env[problem.variable]  # the default applies, as it would inside the command; said by main()
     for setting, default in (("prometheus_port", str(DEFAULT_PORT)), ("profile_signal", "SIGUSR2")):
         variable = config.SETTINGS[setting].env
         if not env.get(variable, "").strip():
@@ -164,11 +168,14 @@ def main(argv: list[str] | None = None, *, execvpe: Callable[..., Any] = os.exec
         return 0
     try:
         options, command = parse(args)
-        env = child_environment(options)
-        config.load(env)  # a bad GPUPROBE_* variable is named now, not inside the command
-    except (UsageError, ConfigError) as exc:
-        print(f"gpuprobe run: {exc}\n\n{USAGE}", file=sys.stderr)
+    except UsageError as exc:
+        print(f"gpuprobe run: {exc} (gpuprobe run --help shows the options)", file=sys.stderr)
         return 2
+    # A GPUPROBE_* variable gpuprobe cannot use is named now, once, and left out of the command's
+    # environment (its default applies): the command runs, and its processes do not warn again.
+    for problem in config.from_environment({**os.environ, **options})[1]:
+        print(f"gpuprobe run: {problem.message().removeprefix('gpuprobe: ')}", file=sys.stderr)
+    env = child_environment(options)
     path = _resolve(command[0], env)
     if path is None:
         print(f"gpuprobe run: {command[0]}: command not found", file=sys.stderr)

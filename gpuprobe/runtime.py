@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import sys
 import threading
 import warnings
 from collections import deque
@@ -46,13 +47,18 @@ from ._metrics import Family, MetricData, Registry, Sink
 from ._steps import StepClock, StepHook
 from ._sync_audit import SyncSites
 
-__all__ = ["Backends", "Runtime", "runtime", "collect", "on_reconfigure", "on_start", "DISABLED_AT_IMPORT"]
+__all__ = ["Backends", "Runtime", "runtime", "collect", "on_reconfigure", "on_start", "StartFailure",
+           "DISABLED_AT_IMPORT"]
 
 
 def _disabled_at_import() -> bool:
+    # A value that is not a switch is warned when the runtime reads the environment, and means off.
     setting = config.SETTINGS["disable"]
     raw = os.environ.get(setting.env)
-    return False if raw is None else bool(setting.parse(setting.env, raw))
+    try:
+        return False if raw is None else bool(setting.parse(setting.env, raw))
+    except config.ConfigError:
+        return False
 
 
 DISABLED_AT_IMPORT: bool = _disabled_at_import()
@@ -74,8 +80,9 @@ class Backends:
 class Runtime:
     """Everything gpuprobe holds in one process (see the module docstring)."""
 
-    def __init__(self, settings: config.Config) -> None:
+    def __init__(self, settings: config.Config, problems: tuple[config.Problem, ...] = ()) -> None:
         self._settings = settings
+        self.settings_problems: list[str] = []  # what could not be used or started, for info()
         self.buffer_size = settings.buffer_size  # read on hot paths: a plain attribute, not a property
         self.lock = threading.RLock()  # held while records are applied and aggregates read
         self.registry = Registry(settings.max_label_values)
@@ -96,6 +103,7 @@ class Runtime:
         self._seam_disabled = self.registry.family("gpuprobe.seam.disabled")
         _seams.set_reporter(self._seam_failed, self.warn_once)
         self._set_const_labels()
+        self.report_problems(problems)
 
     # -- settings and backends -------------------------------------------------------------------
     @property
@@ -213,13 +221,41 @@ class Runtime:
         """Count ``n`` records dropped for ``reason`` in ``gpuprobe.telemetry.dropped``."""
         self.emit(self._dropped.child(reason=reason), n)
 
-    def warn_once(self, key: str, message: str) -> None:
-        """Warn the first time ``key`` happens; telemetry problems never raise into user code."""
+    def warn_once(self, key: str, message: str, *, where: str | None = None) -> None:
+        """Warn the first time ``key`` happens; telemetry problems never raise into user code.
+
+        ``where``: shown as the warning's origin instead of gpuprobe's own line (for a setting, whose
+        origin is the environment, not code). Under ``python -W error`` (warnings as errors) the
+        message goes to stderr instead: a warning of gpuprobe's never becomes the program's exception.
+        """
         with self._warn_lock:
             if key in self._warned:
                 return
             self._warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        try:
+            if where is None:
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+            else:
+                warnings.warn_explicit(message, RuntimeWarning, where, 0, module="gpuprobe")
+        except Warning:
+            _to_stderr(f"{where or 'gpuprobe'}: RuntimeWarning: {message}")
+
+    def report_problems(self, problems: tuple[config.Problem, ...]) -> None:
+        """Warn once about each variable of the environment that could not be used (its default is used)."""
+        for problem in problems:
+            message = problem.message()
+            if message not in self.settings_problems:
+                self.settings_problems.append(message)
+            self.warn_once(f"setting:{problem.variable}={problem.value}", message, where="<environment>")
+
+    def _start_failed(self, what: str, exc: BaseException) -> None:
+        """Something the environment's settings ask for could not start: warned once, the program runs on."""
+        text = str(exc).removeprefix("gpuprobe ").removeprefix("gpuprobe: ")
+        message = f"gpuprobe: {text}; this process runs without {what}" if isinstance(exc, config.ConfigError) else \
+            f"gpuprobe: {what} could not start ({type(exc).__name__}: {text}); this process runs without it"
+        if message not in self.settings_problems:
+            self.settings_problems.append(message)
+        self.warn_once(f"start:{what}:{exc}", message, where="<environment>")
 
     def _seam_failed(self, seam: _seams.Seam, exc: BaseException) -> None:
         """A seam into another library switched itself off (see :mod:`gpuprobe._seams`)."""
@@ -299,11 +335,23 @@ class Runtime:
             triggers.observe_exception(exc)
 
     # -- starting and stopping ------------------------------------------------------------------
-    def start_from_settings(self) -> None:
+    def start_from_settings(self, explicit: frozenset[str] = frozenset()) -> None:
         """Start what the settings ask for (see :mod:`gpuprobe._autostart`): triggers, profile window,
-        kernel sampling, exporters. Each is owned by the settings."""
+        kernel sampling, exporters. Each is owned by the settings.
+
+        What fails to start is warned once and left off, so a setting from the environment never stops
+        the program; when the failing feature's settings include a keyword in ``explicit`` (the caller's
+        own ``configure(...)``), the first such error is raised once everything else has started.
+        """
+        raised: BaseException | None = None
         for start in list(_starters):
-            start(self)
+            for keys, what, exc in start(self):
+                if raised is None and keys & explicit:
+                    raised = exc
+                else:
+                    self._start_failed(what, exc)
+        if raised is not None:
+            raise raised
 
     def stop_settings_owned(self) -> None:
         """Close what the settings started (the next :meth:`start_from_settings` starts it anew)."""
@@ -321,7 +369,7 @@ class Runtime:
         self.snapshot_triggers = None
         self.capture.uninstall()  # torch.cuda.CUDAGraph gets its own methods back
 
-    def reset(self, settings: config.Config) -> None:
+    def reset(self, settings: config.Config, explicit: frozenset[str] = frozenset()) -> None:
         """Close everything, zero every aggregate, forget buffers and warnings, apply ``settings``.
 
         Prepared probes stay valid: their series are zeroed in place and they are rebound to the new
@@ -339,18 +387,22 @@ class Runtime:
             self.sync_sites.clear()
             _seams.reset()  # every seam that switched itself off is on again
             self._device_label = None
+            self.settings_problems.clear()
             self.reconfigure(settings)
         if self.lifecycle.needs_thread():
             self.lifecycle.ensure_thread()
-        self.start_from_settings()
+        self.start_from_settings(explicit)
 
-    def configure(self, settings: config.Config) -> None:
-        """Change settings, keeping aggregates and what the user started; restart what settings start."""
+    def configure(self, settings: config.Config, explicit: frozenset[str] = frozenset()) -> None:
+        """Change settings, keeping aggregates and what the user started; restart what settings start.
+
+        ``explicit``: the keywords the caller set now; what they ask for raises if it cannot start.
+        """
         self.stop_settings_owned()
         self.reconfigure(settings)
         if self.lifecycle.needs_thread():
             self.lifecycle.ensure_thread()
-        self.start_from_settings()
+        self.start_from_settings(explicit)
 
     def after_fork_in_child(self) -> None:
         """In a forked child: start empty, with the same settings and no thread (see :mod:`gpuprobe._lifecycle`)."""
@@ -370,17 +422,27 @@ class Runtime:
             self._backends = None
 
 
+def _to_stderr(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+    except Exception:  # no usable stderr (a daemon): stay quiet
+        pass
+
+
 _rt: Runtime | None = None
 _rt_lock = threading.Lock()
 _rebinders: list[Callable[[Runtime], None]] = []
-_starters: list[Callable[[Runtime], None]] = []
+StartFailure = tuple[frozenset[str], str, BaseException]
+"""What could not start: the settings that asked for it, what it is (for a warning), the error."""
+_starters: list[Callable[[Runtime], list[StartFailure]]] = []
 
 
-def on_start(start: Callable[[Runtime], None]) -> None:
+def on_start(start: Callable[[Runtime], list[StartFailure]]) -> None:
     """Call ``start(runtime)`` whenever the settings are (re)applied, to start what they ask for.
 
-    How features above the core (exporters, profile windows) are started from settings without the
-    core importing them.
+    ``start`` returns what it could not start (it never raises); the runtime warns or raises (see
+    :meth:`Runtime.start_from_settings`). How features above the core (exporters, profile windows) are
+    started from settings without the core importing them.
     """
     _starters.append(start)
 
@@ -403,7 +465,7 @@ def runtime() -> Runtime:
         with _rt_lock:
             found = _rt
             if found is None:
-                found = Runtime(config.load())
+                found = Runtime(*config.from_environment())
                 _rt = found
                 found.start_from_settings()
     return found

@@ -116,8 +116,11 @@ def reset(**settings: Any) -> None:
         >>> from gpuprobe.testing import reset
         >>> reset()
     """
-    cfg = config.replace(config.load(), **settings) if settings else config.load()
-    runtime().reset(cfg)
+    base, problems = config.from_environment()
+    cfg = config.replace(base, **settings) if settings else base
+    rt = runtime()
+    rt.reset(cfg, frozenset(settings))
+    rt.report_problems(problems)
     if not DISABLED_AT_IMPORT:
         _probe.enable()
 

@@ -221,11 +221,16 @@ def test_a_bad_layers_variable_is_said_on_stderr_and_nothing_is_switched_on(
     assert not _class_patches
 
 
-def test_a_bad_gpuprobe_variable_is_named_before_the_command_starts(tmp_path: Path) -> None:
-    app = _script(tmp_path, "print('started')")
-    done = _run(["--", PY, str(app)], tmp_path, GPUPROBE_OTLP_INTERVAL="soon")
-    assert done.returncode == 2 and done.stdout == b""
-    assert b"GPUPROBE_OTLP_INTERVAL must be a number, got 'soon'" in done.stderr
+def test_a_bad_gpuprobe_variable_is_named_once_and_the_command_runs_with_its_default(tmp_path: Path) -> None:
+    app = _script(tmp_path, "import gpuprobe, os\n"
+                            "print('started', os.environ.get('GPUPROBE_OTLP_INTERVAL'),"
+                            " gpuprobe.info()['settings_problems'])")
+    done = _run(["--port", "0", "--", PY, str(app)], tmp_path, GPUPROBE_OTLP_INTERVAL="soon")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"started None []\n"  # left out of the command's environment: its default applies
+    lines = [line for line in done.stderr.splitlines() if b"GPUPROBE_OTLP_INTERVAL" in line]
+    assert lines == [b"gpuprobe run: GPUPROBE_OTLP_INTERVAL='soon' cannot be used (must be a number, got 'soon'); "
+                     b"using the default 5.0 instead"]
 
 
 # -- bad command lines ---------------------------------------------------------------------------------
@@ -246,7 +251,8 @@ def test_a_bad_command_line_is_refused_naming_the_flag(args: list[str], message:
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     assert run.main(args, execvpe=_never) == 2
     err = capsys.readouterr().err
-    assert err.startswith("gpuprobe run: ") and message in err and "usage: gpuprobe run" in err
+    assert err.startswith("gpuprobe run: ") and message in err and err.count("\n") == 1  # one line, no usage
+    assert "gpuprobe run --help" in err
 
 
 def test_the_real_cli_says_which_flag_is_wrong(tmp_path: Path) -> None:
