@@ -59,6 +59,7 @@ import inspect
 import math
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable, Mapping
 from time import perf_counter_ns
@@ -375,26 +376,48 @@ class Probe:
 
     # -- decorator ---------------------------------------------------------------------------
     def __call__(self, fn: F) -> F:
+        """Wrap ``fn``, keeping its kind: a static or class method stays one, a property's getter is
+        measured, a callable object (``functools.lru_cache``, ``partial``, an instance with
+        ``__call__``) keeps its attributes and binding. What cannot be read hands ``fn`` back unchanged,
+        with one warning."""
         if DISABLED_AT_IMPORT:
             return fn
+        if isinstance(fn, (staticmethod, classmethod)):
+            return type(fn)(self(fn.__func__))  # type: ignore[return-value]
+        if isinstance(fn, property):
+            if fn.fget is None:
+                raise TypeError("probe() over a property needs its getter")
+            return fn.getter(self(fn.fget))  # type: ignore[return-value]
         if not callable(fn):
             raise TypeError(f"probe() decorates callables, got {type(fn).__name__}")
+        if isinstance(fn, type):
+            _pass_through(fn, "it is a class (instances are not measured): decorate its methods instead")
+            return fn
+        try:
+            name, kind = _callable_name(fn), _callable_kind(fn)
+        except Exception as exc:  # a __getattr__ or __signature__ of its own that raises
+            _pass_through(fn, f"reading it raised {type(exc).__name__}: {exc}")
+            return fn
+        if kind == "async_generator":
+            raise TypeError(
+                f"probe() cannot wrap the async generator {name}; use 'async with probe(...)' inside it"
+            )
+        if self.sync_audit and kind in ("coroutine", "generator"):
+            raise ConfigError(f"probe(sync_audit=True) audits functions and with-blocks, not {name}: "
+                              "coroutines and generators interleave with other work on their thread")
         site = self
         if self.name is None:
-            site = Probe(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "callable"),
-                         self.kind, self.attrs, self.every, self.memory, self.sync_audit, self.device_every)
-        if inspect.isasyncgenfunction(fn):
-            raise TypeError(
-                f"probe() cannot wrap the async generator {fn.__qualname__}; use 'async with probe(...)' inside it"
-            )
-        if site.sync_audit and (inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn)):
-            raise ConfigError(f"probe(sync_audit=True) audits functions and with-blocks, not {fn.__qualname__}: "
-                              "coroutines and generators interleave with other work on their thread")
-        if inspect.iscoroutinefunction(fn):
-            return _wrap_async(fn, site)  # type: ignore[return-value]
-        if inspect.isgeneratorfunction(fn):
-            return _wrap_generator(fn, site)  # type: ignore[return-value]
-        return _wrap_sync(fn, site)  # type: ignore[return-value]
+            site = Probe(name, self.kind, self.attrs, self.every, self.memory, self.sync_audit, self.device_every)
+        try:
+            if kind == "coroutine":
+                return _wrap_async(fn, site)  # type: ignore[return-value]
+            if kind == "generator":
+                return _wrap_generator(fn, site)  # type: ignore[return-value]
+            wrapper = _wrap_sync(fn, site)
+            return (wrapper if inspect.isfunction(fn) else _proxy(fn, wrapper)) # type: ignore[return-value]
+        except Exception as exc:
+            _pass_through(fn, f"wrapping it raised {type(exc).__name__}: {exc}")
+            return fn
 
     # -- context managers --------------------------------------------------------------------
     def _frames(self) -> list[Any]:
@@ -477,6 +500,88 @@ class Probe:
 
     def __repr__(self) -> str:
         return f"probe({self.name!r}, kind={self.kind!r})"
+
+
+def _callable_name(fn: Any) -> str:
+    """The probe name of a callable: its qualified name, a partial's function's, an instance's class's."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if isinstance(name, str) and name:
+        return name
+    inner = getattr(fn, "func", None)  # functools.partial
+    if inner is not None and inner is not fn:
+        return _callable_name(inner)
+    return type(fn).__qualname__
+
+
+def _callable_kind(fn: Any) -> str:
+    """``function`` (plain or any other callable), ``coroutine``, ``generator`` or ``async_generator``."""
+    if inspect.isasyncgenfunction(fn):
+        return "async_generator"
+    if inspect.iscoroutinefunction(fn):
+        return "coroutine"
+    if inspect.isgeneratorfunction(fn):
+        return "generator"
+    return "function"
+
+
+def _pass_through(fn: Any, why: str) -> None:
+    try:
+        shown = repr(fn)[:120]
+    except Exception:
+        shown = f"a {type(fn).__name__}"
+    runtime().warn_once(f"pass-through:{id(fn)}", f"gpuprobe: probe() leaves {shown} unmeasured, as it is: {why}")
+
+
+class _CallableProxy:
+    """A measured stand-in for a callable object that is not a plain function (``functools.lru_cache``,
+    ``partial``, an instance with ``__call__``): calls go through the probe's wrapper, every other
+    attribute is the object's own (``cache_info()``, ``cache_clear()``, ``func``, its fields), read live.
+
+    Why a proxy rather than copied attributes: a callable object's attributes may change after
+    decoration, and only a lookup at the time of use gives what the object holds then.
+    """
+
+    __slots__ = ("_gp_call", "__wrapped__", "__dict__", "__weakref__")
+
+    def __init__(self, fn: Any, call: Callable[..., Any]) -> None:
+        object.__setattr__(self, "__wrapped__", fn)
+        object.__setattr__(self, "_gp_call", call)
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                object.__setattr__(self, attr, getattr(fn, attr))
+            except AttributeError:
+                pass
+        object.__setattr__(self, "__gpuprobe__", call.__gpuprobe__)  # type: ignore[attr-defined]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._gp_call(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__wrapped__, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__wrapped__, name, value)
+
+    def __repr__(self) -> str:
+        return f"<probed {self.__wrapped__!r}>"
+
+
+class _BindingProxy(_CallableProxy):
+    """A :class:`_CallableProxy` for a callable that binds like a method (``lru_cache`` on a method):
+    looked up on an instance, it binds the same way, the measured call included."""
+
+    __slots__ = ()
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        wrapped = self.__wrapped__
+        bound = wrapped.__get__(obj, objtype)
+        return self if bound is wrapped else types.MethodType(self, obj)
+
+
+def _proxy(fn: Any, call: Callable[..., Any]) -> _CallableProxy:
+    return (_BindingProxy if hasattr(type(fn), "__get__") else _CallableProxy)(fn, call)
 
 
 # Every named probe, so a reconfiguration can rebind them (weak: a dropped probe is not kept alive).
@@ -773,7 +878,7 @@ def probe(name: Any = None, /, *, kind: str = "user", attrs: Mapping[str, Any] |
         >>> with probe("block"):
         ...     _ = sum(range(10))
     """
-    if callable(name) and not isinstance(name, str):
+    if (callable(name) or isinstance(name, (staticmethod, classmethod, property))) and not isinstance(name, str):
         if DISABLED_AT_IMPORT:
             return name
         return Probe(None, kind, attrs, every, memory, sync_audit, device_every)(name)
