@@ -6,6 +6,7 @@ The public API is small:
 - :func:`serve` — the Prometheus /metrics endpoint; :func:`configure` — settings and exporters;
 - :func:`enable` / :func:`disable` — the run-time switch; :func:`info` — which backends are active;
 - :func:`step` — count a generation step (profile windows, snapshot triggers); :func:`collect`;
+- :func:`summary` — a readable table of the run so far;
 - :mod:`gpuprobe.memory` — readings and snapshots; :mod:`gpuprobe.testing` — helpers for tests.
 
 The root package imports no optional dependency: ``nvtx``, ``prometheus_client``, OpenTelemetry and
@@ -24,7 +25,8 @@ from ._version import __version__
 from .runtime import collect
 
 __all__ = [
-    "probe", "Probe", "serve", "configure", "profile", "enable", "disable", "is_enabled", "info", "step", "collect",
+    "probe", "Probe", "serve", "configure", "profile", "enable", "disable", "is_enabled", "info", "summary", "step",
+    "collect",
     "memory", "Config", "GpuprobeError", "ConfigError", "MissingDependencyError", "__version__",
 ]
 
@@ -144,6 +146,21 @@ def profile(steps: str | tuple[int, int], **options: Any) -> Any:
     from .profiling import profile as _profile
 
     return _profile(steps, **options)
+
+
+def summary() -> Any:
+    """A readable table of what was measured so far: per series count, mean, p50, p99 and max (time to
+    first token, time per output token, steps, components, probes, ...), then counters and gauges. In a
+    notebook it shows as an HTML table; ``str()`` is text; ``.to_dict()`` the rows. See
+    :func:`gpuprobe._summary.summary`.
+
+    Example:
+        >>> import gpuprobe
+        >>> table = gpuprobe.summary()
+    """
+    from ._summary import summary as _summary
+
+    return _summary()
 
 
 def step() -> int:

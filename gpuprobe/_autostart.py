@@ -80,6 +80,12 @@ def _otlp(rt: Runtime) -> None:
         rt, owner="settings")
 
 
+def _log_line(rt: Runtime) -> None:
+    from ._summary import LogLine
+
+    LogLine(rt.settings.log_interval).attach(rt, owner="settings")  # type: ignore[arg-type]
+
+
 def _metrics_endpoint(rt: Runtime) -> None:
     from .exporters.prometheus import serve
 
@@ -102,6 +108,7 @@ _FEATURES: tuple[tuple[frozenset[str], str, Wanted, Callable[[Runtime], None]], 
     (frozenset({"jsonl"}), "the JSONL exporter", lambda cfg: bool(cfg.jsonl), _jsonl),
     (frozenset({"otlp_endpoint", "otlp_interval", "otlp_timeout"}), "the OTLP exporter",
      lambda cfg: bool(cfg.otlp_endpoint), _otlp),
+    (frozenset({"log_interval"}), "the periodic log line", lambda cfg: cfg.log_interval is not None, _log_line),
     (frozenset({"prometheus_port", "prometheus_addr", "port_by_local_rank"}), "/metrics",
      lambda cfg: cfg.prometheus_port is not None, _metrics_endpoint),
 )

@@ -25,7 +25,7 @@ _COMMANDS = {
 
 
 def _usage() -> str:
-    lines = ["usage: python -m gpuprobe COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: python -m gpuprobe [--version] COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in _COMMANDS.items()]
     return "\n".join(lines)
 
@@ -38,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         0
     """
     args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] in (["-V"], ["--version"]):
+        from ._version import __version__
+
+        print(f"gpuprobe {__version__}")
+        return 0
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2

@@ -384,6 +384,11 @@ class Config:
         "GPU health gauges from NVML (utilization, memory, SM clock, power, temperature, throttling; SM and "
         "tensor-core activity on GPUs with GPM) for every GPU the process can see, read on the background thread "
         "every `collect_interval`; needs `gpuprobe[nvml]` (docs/gpu.md)")
+    log_interval: float | None = _setting(
+        "GPUPROBE_LOG_INTERVAL", _seconds(86400), None,
+        "log one line every this many seconds with what happened since the last one (requests, tokens/s, TTFT and "
+        "TPOT p50/p99, decode step p50/p99, running/waiting requests, KV cache, memory), to the `gpuprobe` logger "
+        "(stderr when logging is not set up); none: off", optional=True)
     device_every: int | str = _setting(
         "GPUPROBE_DEVICE_EVERY", _every_or_auto, "auto",
         "probes take a device span (CUDA events) on one recorded call in N, host time on every call; auto: every "
