@@ -1,37 +1,59 @@
 """OpenTelemetry export, two ways, both off the hot path:
 
 - :class:`OtlpExporter`: a periodic OTLP/HTTP push of gpuprobe's aggregates (cumulative temporality,
-  gpuprobe's explicit buckets) through the OpenTelemetry SDK's own ``OTLPMetricExporter``;
+  gpuprobe's explicit buckets), encoded by the OpenTelemetry exporter's own ``encode_metrics``, with a
+  last push when it is closed (at exit, or when ``configure()`` restarts it);
 - :class:`MeterProviderBridge`: replays each aggregated observation into instruments of a
-  ``MeterProvider`` the user already runs, on gpuprobe's background thread.
+  ``MeterProvider`` the user already runs, on gpuprobe's background thread, and before that
+  provider's own exit handler at exit.
 
-Failures (endpoint down, slow, HTTP 500) never raise into user code: the push runs on its own thread
-with a timeout, memory stays bounded (each push sends the current aggregates; nothing queues up),
-one warning is given, and failed pushes are counted in ``gpuprobe.telemetry.dropped``.
+Failures (endpoint down, slow, HTTP 500) never raise into user code: a push runs on a thread of its
+own and ends by its deadline (``timeout`` seconds for the whole exchange, every read included),
+memory stays bounded (each push sends the current aggregates; nothing queues up), one warning is
+given, and failed pushes are counted in ``gpuprobe.telemetry.dropped{reason="otlp_export_failed"}``.
+
+Why gpuprobe sends the request itself rather than through the SDK's ``OTLPMetricExporter``: that
+exporter's timeout bounds each socket read, so an endpoint answering one byte at a time holds a push
+for ever, and up to opentelemetry-exporter-otlp-proto-http 1.27 a 503 holds it for 63 s of retries
+whatever the timeout; a deadline cannot be added from outside without its private transport, which
+changed completely between 1.27 and 1.45. The request is what the SDK sends (the same encoder,
+``Content-Type: application/x-protobuf``), and the SDK's environment variables for headers,
+compression and certificates (``OTEL_EXPORTER_OTLP[_METRICS]_HEADERS``, ``_COMPRESSION``,
+``_CERTIFICATE``, ``_CLIENT_CERTIFICATE``, ``_CLIENT_KEY``) apply as they do there.
 """
 
 from __future__ import annotations
 
-import logging
+import atexit
+import gzip
+import http.client
+import io
+import os
+import select
+import socket
+import ssl
 import threading
 import time
+import zlib
+from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from .._lifecycle import Owner
 from .._metrics import SPECS, MetricData, MetricSpec
 from .._version import __version__
-from ..errors import missing
+from ..errors import ConfigError, missing
 from ..runtime import Runtime, runtime
 from ._queued import Observation, QueuedSink
 
 try:
+    from opentelemetry.sdk import environment_variables as otel_env
     from opentelemetry.sdk.metrics.export import (
         AggregationTemporality,
         Gauge,
         Histogram,
         HistogramDataPoint,
         Metric,
-        MetricExportResult,
         MetricsData,
         NumberDataPoint,
         ResourceMetrics,
@@ -40,6 +62,7 @@ try:
     )
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.util.re import parse_env_headers
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
     raise missing("opentelemetry-sdk", "otel") from exc
 
@@ -75,36 +98,194 @@ def to_metrics_data(data: list[MetricData], start_ns: int, now_ns: int, resource
     return MetricsData(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=[scope], schema_url="")])
 
 
-class _QuietOnThread(logging.Filter):
-    """Drops the SDK exporter's log records made on one thread (gpuprobe's pusher warns once itself).
+# -- one OTLP/HTTP request under one deadline -----------------------------------------------------
 
-    Why a filter and not a level: the logger is the SDK's, shared by the whole process; a filter
-    scoped to one thread leaves every other user of it untouched, and is added once, not per push.
+_RETRYABLE = frozenset({429, 502, 503, 504})  # the statuses OTLP/HTTP clients retry (the OTLP specification)
+_MAX_ANSWER = 1 << 16  # an ExportMetricsServiceResponse is a few bytes; more is read no further
+
+
+class _DeadlineExceeded(TimeoutError):
+    """The push's deadline passed before the exchange ended."""
+
+
+class _DeadlineSocket:
+    """A connected socket whose every write and read ends by one deadline (``time.monotonic()``).
+
+    Why: a socket timeout bounds each read, so an endpoint answering one byte at a time keeps a push
+    going for ever; here each read is given only what is left of the push's time. ``http.client``
+    uses ``sendall``, ``makefile`` and ``close`` of a connection's socket (``sendall`` with a timeout
+    bounds the whole send since Python 3.5); the socket itself is closed by its owner.
     """
 
-    def __init__(self, thread_id: int) -> None:
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def _left(self) -> float:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise _DeadlineExceeded()
+        return left
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.settimeout(self._left())
+        self._sock.sendall(data)
+
+    def recv_into(self, buffer: Any) -> int:
+        self._sock.settimeout(self._left())
+        return self._sock.recv_into(buffer)
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self))
+
+    def close(self) -> None:
+        # http.client closes its connection as soon as it has the response's headers, before the body
+        # is read (a real socket stays open while its makefile() stream does): the socket is closed by
+        # _Endpoint.post once the answer is read.
+        pass
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The response stream ``http.client`` reads, each read through :meth:`_DeadlineSocket.recv_into`."""
+
+    def __init__(self, sock: _DeadlineSocket) -> None:
         super().__init__()
-        self.thread_id = thread_id
+        self._sock = sock
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.thread != self.thread_id
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._sock.recv_into(buffer)
 
 
-_SDK_LOGGER = "opentelemetry.exporter.otlp.proto.http.metric_exporter"
+def _env(metrics_name: str, general_name: str) -> str | None:
+    """An OTLP exporter variable: the metrics-specific one first, as the SDK reads them."""
+    return os.environ.get(metrics_name) or os.environ.get(general_name) or None
+
+
+class _Endpoint:
+    """Where pushes go and how: URL parts, headers, compression, TLS; made once per exporter.
+
+    Raises:
+        ConfigError: the URL is not an http:// or https:// URL with a host, or the compression named
+            by the environment is unknown.
+    """
+
+    def __init__(self, url: str, headers: Mapping[str, str] | None) -> None:
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+            raise ConfigError(f"the OTLP endpoint must be an http:// or https:// URL with a host, got {url!r}")
+        self.host = parts.hostname
+        self.port = port or (443 if parts.scheme == "https" else 80)
+        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.headers = {"Content-Type": "application/x-protobuf", "User-Agent": f"gpuprobe/{__version__}"}
+        env_headers = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_HEADERS, otel_env.OTEL_EXPORTER_OTLP_HEADERS)
+        if env_headers:
+            self.headers.update(parse_env_headers(env_headers, liberal=True))
+        self.headers.update(headers or {})
+        compression = (_env(otel_env.OTEL_EXPORTER_OTLP_METRICS_COMPRESSION, otel_env.OTEL_EXPORTER_OTLP_COMPRESSION)
+                       or "none").strip().lower()
+        compressors: dict[str, Callable[[bytes], bytes] | None] = {
+            "none": None, "gzip": gzip.compress, "deflate": zlib.compress}
+        if compression not in compressors:
+            raise ConfigError(f"OTEL_EXPORTER_OTLP_COMPRESSION must be none, gzip or deflate, got {compression!r}")
+        self.compress = compressors[compression]
+        if self.compress is not None:
+            self.headers["Content-Encoding"] = compression
+        self.tls: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            ca = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE, otel_env.OTEL_EXPORTER_OTLP_CERTIFICATE)
+            self.tls = ssl.create_default_context(cafile=ca)
+            cert = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE,
+                        otel_env.OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE)
+            if cert:
+                self.tls.load_cert_chain(cert, _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY,
+                                                    otel_env.OTEL_EXPORTER_OTLP_CLIENT_KEY))
+
+    def post(self, body: bytes, deadline: float) -> tuple[int, str | None]:
+        """POST ``body``; returns the status and the Retry-After header. Every step ends by ``deadline``.
+
+        Raises:
+            TimeoutError: the deadline passed (connecting, in the TLS handshake, sending or reading).
+            OSError, http.client.HTTPException: the connection failed or the answer is not HTTP.
+        """
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _DeadlineExceeded()
+        sock = socket.create_connection((self.host, self.port), timeout=left)
+        try:
+            if self.tls is not None:
+                sock = self._handshake(sock, deadline)
+            conn = http.client.HTTPConnection(self.host, self.port)
+            conn.sock = _DeadlineSocket(sock, deadline)  # type: ignore[assignment]  # what http.client uses of it
+            conn.request("POST", self.target, body=body, headers=self.headers)
+            response = conn.getresponse()
+            response.read(_MAX_ANSWER)
+            return response.status, response.getheader("Retry-After")
+        finally:
+            sock.close()
+
+    def _handshake(self, sock: socket.socket, deadline: float) -> ssl.SSLSocket:
+        """The TLS handshake, non-blocking so that it too ends by ``deadline``."""
+        assert self.tls is not None
+        tls = self.tls.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
+        tls.setblocking(False)
+        wanted: tuple[list[ssl.SSLSocket], list[ssl.SSLSocket]]
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                wanted = ([tls], [])
+            except ssl.SSLWantWriteError:
+                wanted = ([], [tls])
+            left = deadline - time.monotonic()
+            if left <= 0 or not any(select.select(wanted[0], wanted[1], [], left)[:2]):
+                tls.close()
+                raise _DeadlineExceeded()
+        tls.setblocking(True)
+        return tls
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the delay form; an HTTP date is ignored)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 3600 else None
+
+
+_SUPERSEDED = "superseded"  # a periodic push given up because the exporter is closing: its last push follows
 
 
 class OtlpExporter:
-    """Push gpuprobe's aggregates to an OTLP/HTTP endpoint every ``interval`` seconds.
+    """Push gpuprobe's aggregates to an OTLP/HTTP endpoint every ``interval`` seconds, and once more
+    when closed.
 
-    Pushes run on a thread of the exporter's own, every ``interval`` seconds, so a slow or dead
-    endpoint never delays collection or the program.
+    Pushes run on a thread of the exporter's own, so a slow or dead endpoint never delays collection
+    or the program. Each push ends by its deadline, ``timeout`` seconds for the whole exchange
+    (connecting, sending, every read of the answer, retries of a 429/502/503/504 answer); a push
+    cut at its deadline or failing otherwise is warned about once and counted as
+    ``gpuprobe.telemetry.dropped{reason="otlp_export_failed"}`` (its data points); the next push
+    sends the cumulative values again. :meth:`close` (run at exit) makes the last push, so a program
+    shorter than one interval delivers what it measured; closing waits for at most about
+    ``2 × timeout`` (a push under way, then the last one).
 
     Args:
         endpoint: the full metrics URL, e.g. ``http://127.0.0.1:4318/v1/metrics``.
         interval: seconds between pushes.
-        timeout: seconds one push may take (the SDK exporter's own retries included).
-        headers: extra HTTP headers.
+        timeout: seconds one push may take, all of it.
+        headers: extra HTTP headers (over ``OTEL_EXPORTER_OTLP[_METRICS]_HEADERS``).
         resource_attributes: added to the OTel resource (``service.name`` defaults to ``gpuprobe``).
+
+    Raises:
+        ConfigError: ``endpoint`` is not an http(s) URL, or ``interval`` / ``timeout`` is not positive.
 
     Example:
         >>> exp = OtlpExporter("http://127.0.0.1:4318/v1/metrics").attach()  # doctest: +SKIP
@@ -113,20 +294,30 @@ class OtlpExporter:
     def __init__(self, endpoint: str, *, interval: float = 5.0, timeout: float = 2.0,
                  headers: dict[str, str] | None = None, resource_attributes: dict[str, str] | None = None) -> None:
         try:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+            from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
         except ImportError as exc:  # pragma: no cover
             raise missing("opentelemetry-exporter-otlp-proto-http", "otel") from exc
+        for name, value in (("interval", interval), ("timeout", timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ConfigError(f"the OTLP exporter's {name} must be a positive number of seconds, got {value!r}")
+        self._encode = encode_metrics
+        self._endpoint = _Endpoint(endpoint, headers)
         self.endpoint = endpoint
-        self.interval = interval
-        self.timeout = timeout
-        self._exporter = OTLPMetricExporter(endpoint=endpoint, timeout=timeout, headers=headers)
+        self.interval = float(interval)
+        self.timeout = float(timeout)
         attrs = {"service.name": "gpuprobe", "telemetry.sdk.name": "gpuprobe"}
         attrs.update(resource_attributes or {})
-        self._resource_attrs = attrs
+        # Resource.create() runs the SDK's resource detectors, which may start a thread pool
+        # (opentelemetry-sdk 1.45): made once here, never in a push, since the last push runs at
+        # interpreter exit, where no thread can be started.
+        self._base_resource = Resource.create(attrs)
+        self._resource = self._base_resource
+        self._resource_labels: dict[str, str] | None = None
         self._rt: Runtime | None = None
-        self._wake = threading.Event()  # set: stop
+        self._lock = threading.Lock()  # one push at a time
+        self._stop = threading.Event()
+        self._closed = False
         self._thread: threading.Thread | None = None
-        self._filter: _QuietOnThread | None = None
         self._start_ns = time.time_ns()
         self.pushes = 0
         self.failures = 0
@@ -136,61 +327,96 @@ class OtlpExporter:
         self._rt = rt or runtime()
         self._thread = threading.Thread(target=self._run, name="gpuprobe-otlp", daemon=True)
         self._thread.start()
-        assert self._thread.ident is not None
-        self._filter = _QuietOnThread(self._thread.ident)
-        logging.getLogger(_SDK_LOGGER).addFilter(self._filter)
         self._rt.add_closeable(self, owner=owner)
         return self
 
     def _run(self) -> None:
         # Its own schedule (like OpenTelemetry's PeriodicExportingMetricReader): a push may wait on a
         # slow endpoint for up to `timeout` without delaying the background round.
-        while not self._wake.wait(self.interval):
-            self.push()
+        while not self._stop.wait(self.interval):
+            self._push(last=False)
 
     def push(self) -> bool:
-        """Send the current aggregates now; True on success. Never raises."""
+        """Send the current aggregates now, within ``timeout`` seconds; True on success. Never raises."""
+        return self._push(last=False)
+
+    def _resource_for(self, rt: Runtime) -> Resource:
+        labels = rt.registry.const_labels  # rank and device: the device is known once the program uses one
+        if labels != self._resource_labels:
+            self._resource = self._base_resource.merge(Resource(dict(labels)))
+            self._resource_labels = dict(labels)
+        return self._resource
+
+    def _push(self, *, last: bool) -> bool:
         rt = self._rt or runtime()
-        data: list[MetricData] = []
-        err: Exception | None = None
-        try:
-            data = rt.collect()
-            if not data:
-                return True
-            resource = Resource.create({**self._resource_attrs, **rt.registry.const_labels})
-            payload = to_metrics_data(data, self._start_ns, time.time_ns(), resource)
-            ok = self._exporter.export(payload, timeout_millis=self.timeout * 1000) == MetricExportResult.SUCCESS
-        except Exception as exc:  # endpoint down, refused, bad response: never into user code
-            ok, err = False, exc
-        if ok:
+        points = 0
+        why: str | None
+        with self._lock:
+            try:
+                data = rt.collect()
+                if not data:
+                    return True
+                points = sum(len(md.points) for md in data)
+                payload = to_metrics_data(data, self._start_ns, time.time_ns(), self._resource_for(rt))
+                why = self._deliver(self._encode(payload).SerializeToString(), last=last)
+            except Exception as exc:  # never into user code
+                why = repr(exc)
+        if why is None:
             self.pushes += 1
             return True
+        if why == _SUPERSEDED:
+            return False
         self.failures += 1
-        rt.drop("otlp_export_failed", sum(len(md.points) for md in data) or 1)
-        rt.warn_once("otlp", f"gpuprobe: OTLP push to {self.endpoint} failed"
-                     + (f": {err!r}" if err else "") + "; will keep trying every "
-                     f"{self.interval:g} s (this warning is shown once)")
+        rt.drop("otlp_export_failed", points or 1)
+        if last:
+            rt.warn_once("otlp:last", f"gpuprobe: the last OTLP push to {self.endpoint}, as the exporter closes, "
+                         f"failed: {why}; what was measured since the previous push is not delivered")
+        else:
+            rt.warn_once("otlp", f"gpuprobe: OTLP push to {self.endpoint} failed: {why}; the next push, in "
+                         f"{self.interval:g} s, sends the cumulative values again (this warning is shown once)")
         return False
+
+    def _deliver(self, body: bytes, *, last: bool) -> str | None:
+        """Send ``body`` by the deadline, retrying a 429/502/503/504; None when delivered, else why not."""
+        deadline = time.monotonic() + self.timeout
+        if self._endpoint.compress is not None:
+            body = self._endpoint.compress(body)
+        attempt = 0
+        while True:
+            try:
+                status, retry_after = self._endpoint.post(body, deadline)
+            except TimeoutError:
+                return (f"no complete answer within the push's deadline of {self.timeout:g} s (otlp_timeout), "
+                        "so it was cut")
+            except (OSError, http.client.HTTPException) as exc:
+                return repr(exc)
+            if 200 <= status < 300:
+                return None
+            if status not in _RETRYABLE:
+                return f"HTTP {status}"
+            delay = _retry_after(retry_after)
+            delay = 0.1 * 2 ** attempt if delay is None else delay
+            if time.monotonic() + delay >= deadline:
+                return f"HTTP {status}, and no time left to try again within the deadline of {self.timeout:g} s"
+            if last:
+                time.sleep(delay)
+            elif self._stop.wait(delay):
+                return _SUPERSEDED
+            attempt += 1
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the pusher without a last push (waits up to ``timeout`` for a push under way)."""
-        self._wake.set()
+        self._closed = True
+        self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self.timeout + 1 if timeout is None else timeout)
-        if self._filter is not None:
-            logging.getLogger(_SDK_LOGGER).removeFilter(self._filter)
-            self._filter = None
 
     def close(self) -> None:
-        """Stop the pusher and make a last push of the final aggregates (once; later calls do nothing)."""
-        if self._wake.is_set():
+        """Stop the pusher and push the final aggregates (once; later calls, or after :meth:`stop`, do nothing)."""
+        if self._closed:
             return
-        self.stop()
-        self.push()
-        try:
-            self._exporter.shutdown()
-        except Exception:
-            pass
+        self.stop()  # a push under way ends by its deadline
+        self._push(last=True)
 
     def __repr__(self) -> str:
         return f"<gpuprobe OTLP exporter {self.endpoint}>"
@@ -200,29 +426,67 @@ class MeterProviderBridge(QueuedSink):
     """Feed gpuprobe's observations into the user's own OpenTelemetry ``MeterProvider``.
 
     Instruments are created on ``meter_provider.get_meter("gpuprobe")`` with gpuprobe's names, units
-    and bucket boundaries (as advice). Observations are queued (bounded, ``max_queue``; overflow is
-    counted in ``gpuprobe.telemetry.dropped``) and recorded on gpuprobe's background thread.
+    and bucket boundaries (as advice, where the installed opentelemetry-api takes it: 1.28 and later;
+    before, the provider's own buckets apply, with one warning). Observations are queued (bounded,
+    ``max_queue``; overflow is counted in ``gpuprobe.telemetry.dropped``) and recorded on gpuprobe's
+    background thread. At exit, what is queued is recorded before the provider's own exit handler
+    shuts it down (an exit handler of the bridge's, registered after the provider's, runs first).
+
+    Args:
+        meter_provider: an OpenTelemetry ``MeterProvider`` (anything with ``get_meter()``).
+        max_queue: observations held before new ones are dropped and counted.
 
     Example:
         >>> from opentelemetry.sdk.metrics import MeterProvider
         >>> bridge = MeterProviderBridge(MeterProvider()).attach()
+        >>> bridge.close()
     """
 
     name = "meter_provider"
 
     def __init__(self, meter_provider: Any, *, max_queue: int = 100_000) -> None:
         super().__init__(max_queue=max_queue)
+        self.meter_provider = meter_provider
         self._meter = meter_provider.get_meter("gpuprobe", __version__)
         self._instruments: dict[str, Any] = {}
+        self._pid = os.getpid()
+
+    def attach(self, rt: Runtime | None = None, *, owner: Owner = "user") -> MeterProviderBridge:
+        """Start feeding the provider from ``rt`` (the process's runtime by default)."""
+        super().attach(rt, owner=owner)
+        atexit.register(self._record_before_provider_exits)
+        return self
+
+    def _record_before_provider_exits(self) -> None:
+        # An SDK MeterProvider shuts down in an exit handler registered when it was made, before this
+        # one: handlers run newest first, so this records the last observations while it still takes them.
+        if os.getpid() != self._pid or self._closed:
+            return  # a forked child: the parent's bridge is the parent's
+        try:
+            if self._rt is not None:
+                self._rt.drain()
+            self.flush()
+        except Exception:  # pragma: no cover - flush guards the writes itself
+            pass
+
+    def _histogram(self, spec: MetricSpec) -> Any:
+        m = self._meter
+        try:
+            return m.create_histogram(spec.name, unit=spec.unit, description=spec.description,
+                                      explicit_bucket_boundaries_advisory=list(spec.buckets or ()))
+        except TypeError:  # opentelemetry-api before 1.28 takes no bucket advice
+            if self._rt is not None:
+                self._rt.warn_once("meter_provider:buckets", (
+                    "gpuprobe: this opentelemetry-api takes no bucket boundaries as advice (1.28 and later do): "
+                    "gpuprobe's histograms in your MeterProvider get its default buckets unless a View sets them"))
+            return m.create_histogram(spec.name, unit=spec.unit, description=spec.description)
 
     def _instrument(self, spec: MetricSpec) -> Any:
         inst = self._instruments.get(spec.name)
         if inst is None:
             m = self._meter
             if spec.instrument == "histogram":
-                inst = m.create_histogram(spec.name, unit=spec.unit, description=spec.description,
-                                          explicit_bucket_boundaries_advisory=list(spec.buckets or ()))
-                inst = inst.record
+                inst = self._histogram(spec).record
             elif spec.instrument == "counter":
                 inst = m.create_counter(spec.name, unit=spec.unit, description=spec.description).add
             elif spec.instrument == "updown":
@@ -238,6 +502,11 @@ class MeterProviderBridge(QueuedSink):
             attrs = dict(const)
             attrs.update(labels)
             self._instrument(SPECS[name])(value, attrs)
+
+    def close(self) -> None:
+        """Record what is left and stop receiving (once; later calls do nothing)."""
+        super().close()
+        atexit.unregister(self._record_before_provider_exits)
 
     def __repr__(self) -> str:
         return f"<gpuprobe MeterProvider bridge {self._meter!r}>"
