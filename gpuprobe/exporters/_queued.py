@@ -17,9 +17,21 @@ from typing import Any
 from ..runtime import Runtime, runtime
 from .._lifecycle import Owner
 
-__all__ = ["QueuedSink", "Observation"]
+__all__ = ["QueuedSink", "Observation", "PartlyWritten"]
 
 Observation = tuple[int, str, Any, float]  # (unix ns when aggregated, metric, labels, value in unit)
+
+
+class PartlyWritten(Exception):
+    """Raised by :meth:`QueuedSink.write_batch` when only the first ``written`` observations were delivered.
+
+    The rest of the batch is counted as dropped (``<name>_write_failed``); ``cause`` says why.
+    """
+
+    def __init__(self, written: int, cause: BaseException) -> None:
+        super().__init__(written, cause)
+        self.written = written
+        self.cause = cause
 
 
 class QueuedSink:
@@ -62,7 +74,7 @@ class QueuedSink:
         self.flush()
 
     def flush(self) -> int:
-        """Write the queued observations now; returns how many were handed to :meth:`write_batch`."""
+        """Write the queued observations now; returns how many :meth:`write_batch` delivered."""
         with self._write_lock:
             q = self._queue
             batch = [q.popleft() for _ in range(len(q))]
@@ -76,14 +88,18 @@ class QueuedSink:
             try:
                 self.write_batch(batch, rt)
             except Exception as exc:
+                written, cause = (exc.written, exc.cause) if isinstance(exc, PartlyWritten) else (0, exc)
                 if rt is not None:
-                    rt.drop(f"{self.name}_write_failed", len(batch))
-                    rt.warn_once(f"{self.name}:write", f"gpuprobe: {self!r} failed: {exc!r}")
-                return 0
+                    rt.drop(f"{self.name}_write_failed", len(batch) - written)
+                    rt.warn_once(f"{self.name}:write", f"gpuprobe: {self!r} failed: {cause!r}; "
+                                 f"{len(batch) - written} observations were dropped and counted in "
+                                 f"gpuprobe.telemetry.dropped{{reason=\"{self.name}_write_failed\"}} "
+                                 "(this warning is shown once)")
+                return written
             return len(batch)
 
     def write_batch(self, batch: list[Observation], rt: Runtime | None) -> None:
-        """Deliver ``batch``; raise to have it counted as dropped."""
+        """Deliver ``batch``; raise to have it counted as dropped (:class:`PartlyWritten`: only its tail)."""
         raise NotImplementedError
 
     def close(self) -> None:
