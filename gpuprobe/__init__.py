@@ -46,16 +46,58 @@ def serve(port: int | None = None, addr: str | None = None) -> Any:
     return _serve(port, addr)
 
 
-def configure(*, meter_provider: Any = None, **settings: Any) -> Config:
+class _Unchanged:
+    """The default of ``configure(meter_provider=...)``: the provider in use stays."""
+
+    def __repr__(self) -> str:
+        return "unchanged"
+
+
+_UNCHANGED: Any = _Unchanged()
+_meter_bridge: Any = None  # the MeterProviderBridge of configure(meter_provider=...), while attached
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__} object>"
+    return (text if len(text) <= 80 else text[:77] + "...") + f" ({type(value).__name__})"
+
+
+def _bridge_for(provider: Any) -> Any:
+    """A bridge to ``provider``, not attached yet; a ConfigError names a provider that is not one."""
+    try:
+        get_meter = getattr(provider, "get_meter", None)
+    except Exception:
+        get_meter = None
+    if not callable(get_meter):
+        raise ConfigError("meter_provider must be an OpenTelemetry MeterProvider (an object with a get_meter() "
+                          f"method), got {_shown(provider)}")
+    from .exporters.otlp import MeterProviderBridge
+
+    try:
+        return MeterProviderBridge(provider)
+    except Exception as exc:
+        raise ConfigError(f"meter_provider: get_meter() of {_shown(provider)} failed: {exc!r}") from exc
+
+
+def configure(*, meter_provider: Any = _UNCHANGED, **settings: Any) -> Config:
     """Change settings (the keywords of :class:`Config`) and (re)start the exporters they name.
 
+    Each call adds to what is configured: it changes what its keywords name and keeps the rest, so
+    ``configure(otlp_endpoint=...)`` then ``configure(jsonl=...)`` exports to both, and a
+    ``meter_provider`` stays fed through later calls. A keyword set to None turns its exporter off.
     Aggregates are kept, and so is what you started yourself (``serve()``, exporters you attached,
-    profile windows). What an earlier ``configure`` (or the environment) started is stopped first and
-    started again from the new settings. Every prepared probe follows the new settings at once.
-    ``disable=True``/``False`` switches probes off/on at run time, as :func:`disable`/:func:`enable`.
+    profile windows). What an earlier ``configure`` (or the environment) started from settings is
+    stopped first and started again from the new settings. Every prepared probe follows the new
+    settings at once. ``disable=True``/``False`` switches probes off/on at run time, as
+    :func:`disable`/:func:`enable`.
 
     Args:
-        meter_provider: an OpenTelemetry ``MeterProvider`` of yours to feed gpuprobe's metrics into.
+        meter_provider: an OpenTelemetry ``MeterProvider`` of yours to feed gpuprobe's metrics into; it
+            replaces the one an earlier call gave, and None stops feeding it (what is queued is
+            recorded first). Left out: the provider in use stays.
         **settings: e.g. ``otlp_endpoint="http://127.0.0.1:4318/v1/metrics"``, ``jsonl="run.jsonl"``,
             ``memory=True``, ``prometheus_port=9464``.
 
@@ -77,7 +119,19 @@ def configure(*, meter_provider: Any = None, **settings: Any) -> Config:
     from . import config
     from .runtime import runtime
 
+    global _meter_bridge
     rt = runtime()
+    # The exporters' own arguments are checked before anything changes: a bad one leaves all as it was.
+    current = _meter_bridge if _meter_bridge is not None and _meter_bridge in rt.lifecycle.items() else None
+    bridge = None
+    provider_changes = meter_provider is not _UNCHANGED and (
+        meter_provider is None or current is None or current.meter_provider is not meter_provider)
+    if provider_changes and meter_provider is not None:
+        bridge = _bridge_for(meter_provider)
+    if settings.get("jsonl") is not None:
+        from .exporters.jsonl import jsonl_path
+
+        settings["jsonl"] = jsonl_path(settings["jsonl"])
     cfg = config.replace(rt.settings, **settings)
     if "disable" in settings:
         if cfg.disable:
@@ -85,10 +139,12 @@ def configure(*, meter_provider: Any = None, **settings: Any) -> Config:
         else:
             enable()
     rt.configure(cfg, frozenset(settings))
-    if meter_provider is not None:
-        from .exporters.otlp import MeterProviderBridge
-
-        MeterProviderBridge(meter_provider).attach(rt, owner="settings")
+    if provider_changes:
+        if current is not None:
+            current.close()  # records what is queued, then stops receiving
+            rt.remove(current)
+        # Owned as what you start yourself: the restart of what settings started leaves it attached.
+        _meter_bridge = bridge.attach(rt, owner="user") if bridge is not None else None
     return cfg
 
 

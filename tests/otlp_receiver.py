@@ -53,6 +53,8 @@ class Receiver:
         self.headers: list[dict[str, str]] = []
         self.answered: list[int] = []
         self.out_dir = out_dir
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -168,7 +170,6 @@ class DripServer:
 
 def main(argv: list[str]) -> int:
     port, out_dir = int(argv[0]), Path(argv[1])
-    out_dir.mkdir(parents=True, exist_ok=True)
     receiver = Receiver(port=port, out_dir=out_dir)
     (out_dir / "ready").write_text(receiver.url)
     threading.Event().wait()
