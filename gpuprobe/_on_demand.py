@@ -105,13 +105,15 @@ class OnDemand:
             name = cfg.profile_name.format(first=first, last=last, rank=cfg.rank, pid=os.getpid(), reason=reason)
             path = os.path.abspath(os.path.join(cfg.profile_dir, name))
             window = profile((first, last), output=path, runtime_=rt, owner="user")
+            watch = _CaptureCost(rt, reason, _step_seconds(rt))
+            window.on_started, window.on_finished = watch.started, watch.finished
             if at is not None:
                 # The step clock runs the hooks it had when this step started: start the window here.
                 window.on_step(at)
             self.recent.append((reason, window))
             # The window's start and its trace writing fall in the steps around it (see SlowSteps).
             self.quiet_until = max(self.quiet_until, last + 2)
-        _log.info("gpuprobe: capturing steps %d-%d (%s) to %s", first, last, reason, path)
+        _say(f"capturing steps {first}-{last} ({_REASON_WORDS.get(reason, reason)}) to {path}")
         return window
 
     def captures(self) -> list[dict[str, Any]]:
@@ -127,6 +129,70 @@ class OnDemand:
         with _instances_lock:
             if _instances.get(self._rt) is self:
                 del _instances[self._rt]
+
+
+_REASON_WORDS = {"request": f"asked for by POST {PATH}", "signal": "asked for by a signal",
+                 "slow_step": "a slow step"}
+
+SLOWDOWN_WARNING = 2.0
+"""A capture whose steps took more than this many times the steps before it is warned about."""
+
+
+def _say(message: str) -> None:
+    """One line on stderr (and the ``gpuprobe`` logger at INFO): a capture is something the user asked for
+    or set up, so it is said where they look, not only in a log they may not have configured."""
+    _log.info("gpuprobe: %s", message)
+    try:
+        sys.stderr.write(f"gpuprobe: {message}\n")
+        sys.stderr.flush()
+    except Exception:  # no usable stderr (a daemon): the log has it
+        pass
+
+
+def _step_seconds(rt: Runtime) -> tuple[float, int]:
+    """Host time of every generation step so far, and how many: from ``gpuprobe.step.duration``."""
+    total, count = 0.0, 0
+    for md in rt.collect():
+        if md.spec.name == "gpuprobe.step.duration":
+            for p in md.points:
+                if p.labels.get("clock") == "host":
+                    total += p.sum
+                    count += p.count
+    return total, count
+
+
+class _CaptureCost:
+    """Says when a capture starts recording and when its trace is written, and warns when its steps took
+    more than :data:`SLOWDOWN_WARNING` times the steps before it (their mean host time, compared)."""
+
+    def __init__(self, rt: Runtime, reason: str, before: tuple[float, int]) -> None:
+        self._rt = rt
+        self._reason = reason
+        self._before = before
+        self._at_start: tuple[float, int] | None = None
+
+    def started(self, window: Any) -> None:
+        self._at_start = _step_seconds(self._rt)
+
+    def finished(self, window: Any) -> None:
+        if window.error is not None:
+            _say(f"the capture of steps {window.first}-{window.last} failed: {window.error}")
+            return
+        where = window.path if window.path is not None else window.output
+        _say(f"capture of steps {window.first}-{window.last} written to {where}")
+        if self._at_start is None:
+            return
+        (seconds_before, steps_before), (seconds_start, steps_start) = self._before, self._at_start
+        seconds_end, steps_end = _step_seconds(self._rt)
+        captured = steps_end - steps_start
+        if steps_before == 0 or captured <= 0:
+            return
+        mean_before, mean_captured = seconds_before / steps_before, (seconds_end - seconds_start) / captured
+        if mean_captured > SLOWDOWN_WARNING * mean_before:
+            message = (f"gpuprobe: capturing made the captured steps {mean_captured / mean_before:.1f}x slower "
+                       f"({mean_captured * 1e3:.3g} ms a step against {mean_before * 1e3:.3g} ms before): their "
+                       f"times in the trace and in the metrics include the profiler's own cost")
+            self._rt.warn_once(f"capture-cost:{window.first}", message)
 
 
 _instances: weakref.WeakKeyDictionary[Runtime, OnDemand] = weakref.WeakKeyDictionary()

@@ -350,8 +350,9 @@ class Config:
         "steps a capture by signal, or by a POST without `steps=`, records")
     profile_max_steps: int = _setting("GPUPROBE_PROFILE_MAX_STEPS", _int(1), 100,
                                       "most steps a POST to the profile endpoint may ask for")
-    profile_dir: str = _setting("GPUPROBE_PROFILE_DIR", _nonempty, ".",
-                                "where on-demand traces go (endpoint, signal, slow steps)")
+    profile_dir: str = _setting("GPUPROBE_PROFILE_DIR", _nonempty, "gpuprobe-traces",
+                                "where on-demand traces go (endpoint, signal, slow steps), made at the first "
+                                "capture; a relative folder is under the current folder")
     profile_name: str = _setting(
         "GPUPROBE_PROFILE_NAME", _trace_name, "gpuprobe-steps-{first}-{last}-rank{rank}.json.gz",
         "file name of an on-demand trace (.json or .json.gz); fields {first} {last} {rank} {pid} {reason}")

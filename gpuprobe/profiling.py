@@ -24,6 +24,7 @@ import os
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,18 @@ class ProfileWindow:
         self._step_mark: Any = None
         self._rt = rt
         self._lock = threading.Lock()
+        # Told when the window starts recording and when it is done (written or failed); never raise.
+        self.on_started: Callable[[ProfileWindow], None] | None = None
+        self.on_finished: Callable[[ProfileWindow], None] | None = None
+
+    def _tell(self, listener: Callable[[ProfileWindow], None] | None) -> None:
+        if listener is None:
+            return
+        try:
+            listener(self)
+        except Exception as exc:
+            self._rt.warn_once(f"profile-listener:{id(self)}", f"gpuprobe: profile window {self.first}-{self.last}: "
+                               f"a listener failed: {exc!r}")
 
     def owns(self, index: int) -> bool:
         """Whether this window records step ``index`` (it starts there, or records and does not end there)."""
@@ -145,6 +158,9 @@ class ProfileWindow:
             self.state = WindowState.RECORDING
         except Exception as exc:
             self._fail(f"could not start: {exc}")
+            self._tell(self.on_finished)
+            return
+        self._tell(self.on_started)
 
     def stop(self) -> Path | None:
         """End the window now (also done at step ``last + 1`` and at exit) and write the trace."""
@@ -171,6 +187,7 @@ class ProfileWindow:
         finally:
             self._prof = None
             self._detach()
+        self._tell(self.on_finished)
         return self.path
 
     def _detach(self) -> None:

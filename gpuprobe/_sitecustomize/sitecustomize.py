@@ -77,7 +77,40 @@ class _AfterImport:
         self.after()
 
 
+def _shadowing() -> str | None:
+    """The folder ``import gpuprobe`` finds instead of the package this module belongs to, if another one.
+
+    Why it happens: a folder named ``gpuprobe`` without ``__init__.py`` (a checkout of gpuprobe's
+    repository, say) in the script's folder or the current directory is a namespace package; with
+    gpuprobe installed in editable mode (found by a finder after the path), it wins, and its module
+    has none of gpuprobe's names.
+    """
+    import importlib.util
+
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        spec = importlib.util.find_spec("gpuprobe")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    found = list(spec.submodule_search_locations or [])
+    if spec.origin is not None and found and os.path.samefile(found[0], ours):
+        return None
+    return found[0] if found else (spec.origin or "?")
+
+
 def _switch_on() -> None:
+    shadow = _shadowing()
+    if shadow is not None:
+        try:
+            sys.stderr.write(f"gpuprobe run: the folder {shadow} shadows the installed gpuprobe ("
+                             f"{os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}): `import gpuprobe` "
+                             "finds it first (it is on sys.path: the script's folder or the current directory); "
+                             "the program runs without gpuprobe; rename that folder or run from another one\n")
+        except Exception:
+            pass
+        return
     try:
         from gpuprobe import _bootstrap
     except Exception as exc:  # another Python than gpuprobe's, or a broken install: run without it

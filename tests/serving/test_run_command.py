@@ -309,3 +309,16 @@ def test_metrics_answer_while_transformers_serve_starts(tmp_path: Path, tiny_mod
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+def test_a_gpuprobe_folder_beside_the_script_that_shadows_the_package_is_named(tmp_path: Path) -> None:
+    (tmp_path / "gpuprobe" / "docs").mkdir(parents=True)  # a checkout of the repository: no __init__.py
+    app = _script(tmp_path, "import transformers.generation.utils\nprint('ran')")
+    probe_import = subprocess.run([PY, "-c", "import gpuprobe; print(hasattr(gpuprobe, 'info'))"], cwd=tmp_path,
+                                  env=child_env(), capture_output=True, text=True, timeout=60)
+    shadowed = probe_import.stdout.strip() == "False"  # an editable install loses to the folder; a wheel does not
+    done = _run(["--port", "0", "--", PY, str(app)], tmp_path)
+    assert done.returncode == 0 and done.stdout == b"ran\n"
+    named = f"the folder {tmp_path / 'gpuprobe'} shadows the installed gpuprobe".encode()
+    assert (named in done.stderr) == shadowed, done.stderr
+    assert b"Traceback" not in done.stderr

@@ -351,3 +351,56 @@ def test_a_slow_step_capture_waits_one_step_for_a_kernel_sample_under_way(make_m
     assert capture["state"] == "done", capture["error"]
     first = slow.slow_steps[0] + 2
     assert step_indexes(capture["path"]) == [first, first + 1, first + 2]
+
+
+# -- what a capture says ---------------------------------------------------------------------------------
+
+def test_a_capture_says_on_stderr_where_its_trace_goes_and_when_it_is_written(served, capfd):
+    model, server = served
+    with Generating(model):
+        status, _, body = request(server, "steps=2")
+        assert status == 202, body
+        wait_for(lambda: written(body["path"]), "the trace")
+    err = capfd.readouterr().err
+    steps = f"steps {body['first_step']}-{body['last_step']}"
+    assert f"gpuprobe: capturing {steps} (asked for by POST /gpuprobe/profile) to {body['path']}\n" in err
+    assert f"gpuprobe: capture of {steps} written to {body['path']}\n" in err
+
+
+def _planted_steps(seconds: float, n: int) -> None:
+    rt = runtime()
+    series = rt.family("gpuprobe.step.duration").child(model="planted", phase="decode", clock="host")
+    for _ in range(n):
+        rt.emit(series, int(seconds * 1e9))
+
+
+@pytest.mark.parametrize(("before_ms", "during_ms", "warned"), [(10, 50, True), (10, 15, False)])
+def test_a_capture_whose_steps_run_over_twice_as_slow_is_warned_with_the_figures(before_ms, during_ms, warned):
+    from gpuprobe._on_demand import _CaptureCost, _step_seconds
+
+    reset()
+    _planted_steps(before_ms / 1e3, 20)
+    cost = _CaptureCost(runtime(), "request", _step_seconds(runtime()))
+
+    class Window:  # what _CaptureCost reads of a profile window
+        first, last, error, path, output = 5, 8, None, "/tmp/x.json.gz", "/tmp/x.json.gz"
+
+    cost.started(Window)
+    _planted_steps(during_ms / 1e3, 4)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cost.finished(Window)
+    said = [str(w.message) for w in seen if "capturing made" in str(w.message)]
+    if warned:
+        ratio = during_ms / before_ms
+        assert said == [f"gpuprobe: capturing made the captured steps {ratio:.1f}x slower ({during_ms:.3g} ms a step "
+                        f"against {before_ms:.3g} ms before): their times in the trace and in the metrics include "
+                        "the profiler's own cost"]
+    else:
+        assert said == []
+
+
+def test_on_demand_traces_go_to_a_folder_of_their_own_by_default():
+    from gpuprobe.config import Config
+
+    assert Config().profile_dir == "gpuprobe-traces"
