@@ -245,8 +245,8 @@ def test_the_last_interval_of_a_longer_program_arrives(receiver: Receiver) -> No
             for m in rm.scope_metrics[0].metrics:
                 if m.name == "gpuprobe.probe.duration":
                     counts.append(_histogram_point(m, probe="phases", clock="host").count)
-    assert counts[0] == 4 and counts[-1] == 10, counts
-    assert len(counts) >= 3  # periodic pushes, then the last one
+    # Periodic pushes in the pause carried the first 4; only the last push, at exit, the other 6.
+    assert counts.count(4) >= 2 and counts[-1] == 10 and counts.count(10) == 1, counts
 
 
 # -- a slow endpoint: one deadline per push --------------------------------------------------------------
