@@ -307,9 +307,9 @@ class OtlpExporter:
         self.timeout = float(timeout)
         attrs = {"service.name": "gpuprobe", "telemetry.sdk.name": "gpuprobe"}
         attrs.update(resource_attributes or {})
-        # Resource.create() runs the SDK's resource detectors, which may start a thread pool
-        # (opentelemetry-sdk 1.45): made once here, never in a push, since the last push runs at
-        # interpreter exit, where no thread can be started.
+        # Resource.create() runs the SDK's resource detectors in a thread pool (opentelemetry-sdk 1.27
+        # to 1.45): made once here, never in a push, since the last push runs at interpreter exit,
+        # where no thread can be started.
         self._base_resource = Resource.create(attrs)
         self._resource = self._base_resource
         self._resource_labels: dict[str, str] | None = None
