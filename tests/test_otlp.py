@@ -386,3 +386,21 @@ def test_https_endpoint_is_verified_with_the_environment_certificate(tmp_path: P
         trusted.stop()
     finally:
         recv.close()
+
+
+def test_otel_variables_it_cannot_use_are_warned_and_left_out(receiver: Receiver, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "brotli")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(tmp_path / "missing.pem"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exp = OtlpExporter(receiver.url, interval=60).attach()
+        https = OtlpExporter(receiver.url.replace("http://", "https://"), interval=60).attach()
+    messages = [str(w.message) for w in caught]
+    assert any("COMPRESSION must be none, gzip or deflate, got 'brotli'" in m for m in messages)
+    assert any("missing.pem" in m and "the system's certificates are used" in m for m in messages)
+    with probe("plain"):
+        pass
+    assert exp.push() is True and "content-encoding" not in receiver.headers[0]
+    exp.stop()
+    https.stop()

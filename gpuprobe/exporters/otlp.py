@@ -167,9 +167,11 @@ def _env(metrics_name: str, general_name: str) -> str | None:
 class _Endpoint:
     """Where pushes go and how: URL parts, headers, compression, TLS; made once per exporter.
 
+    A variable of the environment it cannot use (an unknown compression, a certificate file that
+    cannot be loaded) is left out and described in ``problems``, for the exporter to warn about.
+
     Raises:
-        ConfigError: the URL is not an http:// or https:// URL with a host, or the compression named
-            by the environment is unknown.
+        ConfigError: the URL is not an http:// or https:// URL with a host.
     """
 
     def __init__(self, url: str, headers: Mapping[str, str] | None) -> None:
@@ -180,6 +182,7 @@ class _Endpoint:
             port = -1
         if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
             raise ConfigError(f"the OTLP endpoint must be an http:// or https:// URL with a host, got {url!r}")
+        self.problems: list[str] = []
         self.host = parts.hostname
         self.port = port or (443 if parts.scheme == "https" else 80)
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -193,19 +196,33 @@ class _Endpoint:
         compressors: dict[str, Callable[[bytes], bytes] | None] = {
             "none": None, "gzip": gzip.compress, "deflate": zlib.compress}
         if compression not in compressors:
-            raise ConfigError(f"OTEL_EXPORTER_OTLP_COMPRESSION must be none, gzip or deflate, got {compression!r}")
+            self.problems.append(f"gpuprobe: OTEL_EXPORTER_OTLP_[METRICS_]COMPRESSION must be none, gzip or deflate, "
+                                 f"got {compression!r}: OTLP pushes are not compressed")
+            compression = "none"
         self.compress = compressors[compression]
         if self.compress is not None:
             self.headers["Content-Encoding"] = compression
         self.tls: ssl.SSLContext | None = None
         if parts.scheme == "https":
-            ca = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE, otel_env.OTEL_EXPORTER_OTLP_CERTIFICATE)
-            self.tls = ssl.create_default_context(cafile=ca)
-            cert = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE,
-                        otel_env.OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE)
-            if cert:
-                self.tls.load_cert_chain(cert, _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY,
-                                                    otel_env.OTEL_EXPORTER_OTLP_CLIENT_KEY))
+            self.tls = self._tls_context()
+
+    def _tls_context(self) -> ssl.SSLContext:
+        ca = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE, otel_env.OTEL_EXPORTER_OTLP_CERTIFICATE)
+        try:
+            context = ssl.create_default_context(cafile=ca)
+        except (OSError, ssl.SSLError) as exc:
+            self.problems.append(f"gpuprobe: the OTLP certificate file {ca!r} (OTEL_EXPORTER_OTLP_[METRICS_]"
+                                 f"CERTIFICATE) cannot be loaded: {exc}; the system's certificates are used")
+            context = ssl.create_default_context()
+        cert = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE, otel_env.OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE)
+        if cert:
+            key = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY, otel_env.OTEL_EXPORTER_OTLP_CLIENT_KEY)
+            try:
+                context.load_cert_chain(cert, key)
+            except (OSError, ssl.SSLError) as exc:
+                self.problems.append(f"gpuprobe: the OTLP client certificate {cert!r} (OTEL_EXPORTER_OTLP_[METRICS_]"
+                                     f"CLIENT_CERTIFICATE, _CLIENT_KEY) cannot be loaded: {exc}; none is sent")
+        return context
 
     def post(self, body: bytes, deadline: float) -> tuple[int, str | None]:
         """POST ``body``; returns the status and the Retry-After header. Every step ends by ``deadline``.
@@ -325,6 +342,8 @@ class OtlpExporter:
     def attach(self, rt: Runtime | None = None, *, owner: Owner = "user") -> OtlpExporter:
         """Start pushing from ``rt`` (the process's runtime by default)."""
         self._rt = rt or runtime()
+        for problem in self._endpoint.problems:  # variables of the environment it could not use
+            self._rt.warn_once(f"otlp:{problem}", problem, where="<environment>")
         self._thread = threading.Thread(target=self._run, name="gpuprobe-otlp", daemon=True)
         self._thread.start()
         self._rt.add_closeable(self, owner=owner)
