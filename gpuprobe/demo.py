@@ -125,6 +125,28 @@ def _plot(series: dict[str, list[float]], path: str, title: str) -> None:
     plt.close(fig)
 
 
+def _interactive() -> bool:
+    try:
+        return sys.stdin.isatty() and sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _linger(url: str, seconds: float) -> None:
+    """Keep the endpoint up ``seconds`` (forever: until Ctrl-C) so what was printed can be opened."""
+    if seconds <= 0:
+        return
+    until = "Ctrl-C stops it" if seconds == float("inf") else f"for {seconds:g} s"
+    print(f"\ngpuprobe demo: {url} stays up; {until}", file=sys.stderr)
+    try:
+        if seconds == float("inf"):
+            while True:
+                time.sleep(3600)
+        time.sleep(seconds)
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the process exit status (0 on success).
 
@@ -145,14 +167,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default="gpuprobe-demo.png", metavar="PATH.png",
                    help="where to write the per-step plot (default gpuprobe-demo.png; '' for none)")
     p.add_argument("--layers", type=int, default=8, metavar="N", help="time decoder layers every N steps (0: off)")
-    p.add_argument("--linger", type=float, default=0.0, metavar="SECONDS",
-                   help="keep /metrics up this long after the last request (to scrape it)")
+    p.add_argument("--linger", type=float, default=None, metavar="SECONDS",
+                   help="keep /metrics up this long after the last request (default: until Ctrl-C when run "
+                        "in a terminal, else 0)")
     p.add_argument("--quick", action="store_true", help="a very small run (for tests): 2 requests of 6 tokens")
     args = p.parse_args(argv)
     if args.quick:
         args.requests, args.max_new_tokens = 2, 6
     if args.requests < 1 or args.max_new_tokens < 1:
         p.error("--requests and --max-new-tokens must be >= 1")
+    if args.linger is not None and not args.linger >= 0:
+        p.error("--linger must be a number of seconds >= 0")
+    # In a terminal the demo keeps serving until Ctrl-C, so the URL it prints still answers; run by a
+    # script or a test (no terminal) it ends when the requests are done.
+    linger = args.linger if args.linger is not None else (float("inf") if _interactive() else 0.0)
 
     try:
         import transformers  # noqa: F401
@@ -201,9 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             _plot(series, args.plot, f"gpuprobe demo: per-step latency by component ({len(steps)} steps)")
             print(f"\nplot: {args.plot}")
-        if args.linger > 0:
-            print(f"keeping {server.url} up for {args.linger:g} s", file=sys.stderr)
-            time.sleep(args.linger)
+        _linger(server.url, linger)
     finally:
         exporter.detach()
         uninstrument(model)
