@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["DEVICE_WORK_ACTIVITIES", "SYNC_RECORD_NAMES", "LegacyCpuProfiler", "ProfilerCaps", "cuda_graphs_warm_up",
-           "cuda_sleep", "kineto_event_class", "profiler_caps"]
+           "cuda_sleep", "forget", "kineto_event_class", "profiler_caps"]
 
 # _KinetoEvent.activity_type() of device work: kineto's ActivityType names of CONCURRENT_KERNEL,
 # GPU_MEMCPY and GPU_MEMSET (strings in libtorch_cpu.so).
@@ -135,6 +135,13 @@ def profiler_caps(torch: Any) -> ProfilerCaps:
         with _cache_lock:
             _cache[key] = caps
     return caps
+
+
+def forget() -> None:
+    """Decide anew at the next :func:`profiler_caps` (torch's functions were replaced or put back: a
+    simulated CUDA was installed or uninstalled)."""
+    with _cache_lock:
+        _cache.clear()
 
 
 def _autograd(torch: Any) -> Any:

@@ -176,3 +176,24 @@ def test_a_simulation_installs_over_a_machine_simulation_as_over_real_cuda() -> 
     """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+def test_a_binding_gpuprobe_made_while_installed_gets_the_original_back() -> None:
+    """``steps.profiling`` is bound to torch's profiler check when a model is instrumented; instrumented under
+    a simulation, it holds the simulation's check, which must not outlive the simulation."""
+    from gpuprobe import _torch_caps
+    from gpuprobe.integrations._hf.generate import steps
+
+    real = torch._C._autograd._profiler_enabled
+    previous = steps.profiling
+    try:
+        with simulated_cuda():
+            steps.bind_torch()
+            assert steps.profiling is not real  # the simulation's own check, which knows its sessions
+            assert _torch_caps.profiler_caps(torch).profiler_enabled is steps.profiling
+        assert steps.profiling is real
+        assert _torch_caps.profiler_caps(torch).profiler_enabled is real  # decided anew after the uninstall
+        steps.bind_torch()
+        assert steps.profiling is real
+    finally:
+        steps.profiling = previous

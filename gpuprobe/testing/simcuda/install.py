@@ -56,6 +56,31 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _rebind_modules(saved: list[tuple[Any, str, Any]]) -> None:
+    """Module globals of gpuprobe that hold a replacement now get the original back (a binding made while
+    the simulation was installed must not outlive it: the next test would call a simulation that is gone)."""
+    import sys
+
+    back: dict[int, Any] = {}
+    for target, name, original in saved:
+        now = vars(target).get(name, _MISSING)
+        if now is not _MISSING and original is not _MISSING and callable(now):
+            back[id(now)] = (now, original)
+    from ... import _torch_caps
+
+    _torch_caps.forget()  # its capabilities may hold a replacement too
+    if not back:
+        return
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith("gpuprobe"):
+            continue
+        namespace = vars(module)
+        for key, value in list(namespace.items()):
+            found = back.get(id(value))
+            if found is not None and found[0] is value:
+                namespace[key] = found[1]
+
+
 class InstallMixin:
     """The part of :class:`~gpuprobe.testing.simcuda.SimulatedCuda` that installs and uninstalls it."""
 
@@ -84,7 +109,7 @@ class InstallMixin:
         check_torch(torch)
         import_patched_modules()
 
-        from ... import _placement
+        from ... import _placement, _torch_caps
 
         with _REGISTRY_LOCK:
             taken = _ACTIVE if _ACTIVE is not None else (_MACHINE if as_machine or _MACHINE is self else None)
@@ -103,6 +128,7 @@ class InstallMixin:
                 self._restore(saved)
                 raise
             self._saved = saved
+            _torch_caps.forget()  # decided anew against the replaced functions
             self._prev_resolver = _placement.set_device_resolver(self.device_of)
             self._installed = True
             if as_machine:
@@ -113,7 +139,8 @@ class InstallMixin:
 
     def uninstall(self) -> None:
         """Put every replaced attribute back (the original objects; an attribute that was absent is
-        deleted) and the previous device resolver.
+        deleted) and the previous device resolver, and give gpuprobe's modules that bound one of the
+        replacements while it was installed (``steps.profiling`` bound at ``instrument()``) the original.
 
         Raises:
             RuntimeError: this simulation is not installed; or it is the machine simulation and
@@ -129,6 +156,7 @@ class InstallMixin:
                 raise RuntimeError("simulated CUDA: another simulation is installed over this machine "
                                    "simulation; uninstall that one first")
             try:
+                _rebind_modules(self._saved)
                 self._restore(self._saved)
             finally:
                 self._saved = []
