@@ -12,6 +12,10 @@ so the hot comparison is integer against integer.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+import platform
+import sys
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
@@ -58,6 +62,16 @@ class MetricSpec:
     description: str
     buckets: tuple[float, ...] | None = None
     scale: float = 1.0  # raw value * scale = value in ``unit``
+    # Label sets known before anything is counted: ``((label, (value, ...)), ...)``, the series' only labels;
+    # every combination is prepared by :meth:`Registry.prepare_known` (so an exposition can show it at 0).
+    known: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+# ``reason`` of ``gpuprobe.telemetry.dropped`` (docs/metrics.md, "Dropped telemetry"): a count of each is
+# exposed at 0 from the start, so a dashboard shows 0 rather than no data.
+DROP_REASONS = ("event_pool_exhausted", "device_timing_failed", "otlp_export_failed", "jsonl_queue_full",
+                "jsonl_write_failed", "meter_provider_queue_full", "meter_provider_write_failed",
+                "kernel_sampling_busy")
 
 
 def _spec(*args: Any, **kwargs: Any) -> tuple[str, MetricSpec]:
@@ -103,9 +117,12 @@ SPECS: dict[str, MetricSpec] = dict(
               "Operations that force a device-to-host synchronisation, on audited steps (sync audit)"),
         _spec("gpuprobe.step.audited", "counter", "{step}",
               "Generation steps the sync audit counted (syncs per step = syncs ÷ audited steps)"),
-        _spec("gpuprobe.telemetry.dropped", "counter", "{record}", "Telemetry records dropped, by reason"),
+        _spec("gpuprobe.telemetry.dropped", "counter", "{record}", "Telemetry records dropped, by reason",
+              known=(("reason", DROP_REASONS),)),
         _spec("gpuprobe.seam.disabled", "counter", "{seam}",
               "A seam into another library turned itself off after gpuprobe's own work in it failed (fail open)"),
+        _spec("gpuprobe.build_info", "gauge", "{build}",
+              "Always 1; the labels name the versions of gpuprobe, torch, transformers and Python, and the device"),
         _spec("gpuprobe.step.memory_bandwidth.utilization", "histogram", "1",
               "Bytes a step must read (weights, KV cache) ÷ step time ÷ peak memory bandwidth", UTILIZATION_BUCKETS),
         _spec("gpuprobe.step.flops.utilization", "histogram", "1",
@@ -409,13 +426,30 @@ class Registry:
                     child.value = 0  # type: ignore[attr-defined]
                     child.touched = False  # type: ignore[attr-defined]
 
-    def snapshot(self, names: Iterable[str] | None = None) -> list[MetricData]:
-        """Copy every series (call under the runtime's lock for a consistent view)."""
+    def prepare_known(self) -> None:
+        """Prepare every series of a label set known in advance (:attr:`MetricSpec.known`)."""
+        for name, spec in SPECS.items():
+            if spec.known:
+                fam = self.family(name)
+                labels = [k for k, _ in spec.known]
+                for values in itertools.product(*(v for _, v in spec.known)):
+                    fam.child(**dict(zip(labels, values)))
+
+    def snapshot(self, names: Iterable[str] | None = None, *, zeros: bool = False) -> list[MetricData]:
+        """Copy every series (call under the runtime's lock for a consistent view).
+
+        Args:
+            names: the metrics to copy (all by default).
+            zeros: also copy counters and up-down counters that nothing has counted yet, at 0: every
+                series prepared (by an integration, or by :meth:`prepare_known`) is one whose labels are
+                known, so a dashboard reads 0 rather than no data. Histograms and gauges appear once set.
+        """
         out = []
         for name in list(self.families if names is None else names):
             fam = self.families.get(name)
             if fam is None:
                 continue
+            untouched = zeros and fam.spec.instrument in ("counter", "updown")
             scale = fam.spec.scale
             points = []
             for child in fam.series():
@@ -428,7 +462,7 @@ class Registry:
                     points.append(Point(labels, count=count, sum=child.sum * scale,
                                         bucket_counts=tuple(child.counts), min=child.min * scale,
                                         max=child.max * scale))
-                elif child.touched:  # type: ignore[attr-defined]
+                elif untouched or child.touched:  # type: ignore[attr-defined]
                     points.append(Point(labels, value=child.value * scale))  # type: ignore[attr-defined]
             if points:
                 out.append(MetricData(fam.spec, points))
@@ -442,3 +476,34 @@ def cumulative(counts: Sequence[int]) -> list[int]:
         total += c
         out.append(total)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _version_of(module: str) -> str:
+    """The version of ``module`` without importing it: its ``__version__`` when it is imported, else the
+    installed distribution's metadata; empty when it is not installed."""
+    found = sys.modules.get(module)
+    version = getattr(found, "__version__", None) if found is not None else None
+    if isinstance(version, str):
+        return version
+    from importlib import metadata
+
+    try:
+        return metadata.version(module)
+    except Exception:  # not installed, or broken metadata: nothing to name
+        return ""
+
+
+def build_info_labels(device_name: str) -> dict[str, str]:
+    """The labels of ``gpuprobe.build_info``: gpuprobe's, torch's, transformers' and Python's versions
+    (empty for a package that is not installed) and the device's name. Imports nothing.
+
+    Example:
+        >>> build_info_labels("cpu")["device.name"]
+        'cpu'
+    """
+    from ._version import __version__
+
+    return {"gpuprobe.version": __version__, "torch.version": _version_of("torch"),
+            "transformers.version": _version_of("transformers"), "python.version": platform.python_version(),
+            "device.name": device_name}

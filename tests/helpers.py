@@ -103,3 +103,16 @@ def patch_host_clock(monkeypatch: Any, package: str, clock: Callable[[], int]) -
         module = importlib.import_module(info.name)
         if hasattr(module, "perf_counter_ns"):
             monkeypatch.setattr(module, "perf_counter_ns", clock)
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll ``condition`` until it returns something true (returned), or fail naming ``what``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import socket
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import gpuprobe
 from gpuprobe import ConfigError, probe
 
-from helpers import expected_device_label, scrape, scrape_text
+from helpers import expected_device_label, scrape, scrape_text, wait_for
 
 
 @pytest.fixture
@@ -119,3 +121,153 @@ def test_serving_a_port_twice_shares_it_until_the_last_close() -> None:
     second.close()
     with pytest.raises(OSError):
         scrape(second.url)
+
+
+# -- series there from the start ------------------------------------------------------------------------
+
+def test_build_info_names_the_versions_and_the_device_from_the_first_scrape(server) -> None:  # type: ignore[no-untyped-def]
+    from importlib import metadata
+
+    (info,) = scrape(server.url)["gpuprobe_build_info"]
+    assert info.value == 1
+    v = sys.version_info
+    assert info.labels == {
+        "gpuprobe_version": gpuprobe.__version__, "torch_version": metadata.version("torch"),
+        "transformers_version": metadata.version("transformers"), "python_version": f"{v.major}.{v.minor}.{v.micro}",
+        "device_name": expected_device_label(), "gpuprobe_rank": "0", "gpuprobe_device": expected_device_label()}
+
+
+def test_counters_of_known_labels_read_0_before_anything_is_counted(server) -> None:  # type: ignore[no-untyped-def]
+    from gpuprobe import _seams
+    from gpuprobe._metrics import DROP_REASONS
+
+    samples = scrape(server.url)
+    dropped = {s.labels["reason"]: s.value for s in samples["gpuprobe_telemetry_dropped_total"]}
+    assert dropped == dict.fromkeys(DROP_REASONS, 0.0)
+    seams = {s.labels["seam"]: s.value for s in samples["gpuprobe_seam_disabled_total"]}
+    assert seams == {seam.name: 0.0 for seam in _seams.registry()} and seams
+
+
+def test_a_counted_drop_shows_beside_the_zeros_of_the_other_reasons() -> None:
+    from gpuprobe.runtime import runtime
+
+    runtime().drop("jsonl_queue_full", 3)
+    srv = gpuprobe.serve(port=0)
+    try:
+        dropped = {s.labels["reason"]: s.value for s in scrape(srv.url)["gpuprobe_telemetry_dropped_total"]}
+    finally:
+        srv.close()
+    assert dropped["jsonl_queue_full"] == 3 and dropped["otlp_export_failed"] == 0
+
+
+def test_every_reason_the_code_drops_for_is_declared() -> None:
+    """The drop reasons in gpuprobe's source (literal, or a queued sink's ``<name>_queue_full`` and
+    ``<name>_write_failed``) are those exposed at 0: a new reason needs declaring in DROP_REASONS."""
+    import ast
+    import importlib
+
+    from gpuprobe._metrics import DROP_REASONS
+
+    package = Path(gpuprobe.__file__).parent
+    found: set[str] = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("drop", "_on_problem", "_device_problem") and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                found.add(node.args[0].value)
+    for module in ("gpuprobe.exporters.jsonl", "gpuprobe.exporters.otlp"):
+        importlib.import_module(module)
+    from gpuprobe.exporters._queued import QueuedSink
+
+    sinks = [cls.name for cls in QueuedSink.__subclasses__()]
+    found |= {f"{name}_{what}" for name in sinks for what in ("queue_full", "write_failed")}
+    assert {"jsonl", "meter_provider"} <= set(sinks) and "kernel_sampling_busy" in found
+    assert found <= set(DROP_REASONS), sorted(found - set(DROP_REASONS))
+
+
+def test_serving_imports_no_optional_package_the_program_did_not() -> None:
+    from helpers import run_python
+
+    done = run_python("""
+        import sys, urllib.request
+        import gpuprobe
+        server = gpuprobe.serve(port=0)
+        text = urllib.request.urlopen(server.url, timeout=30).read().decode()
+        assert "gpuprobe_build_info{" in text, text
+        line = next(l for l in text.splitlines() if l.startswith("gpuprobe_build_info{"))
+        print(line)
+        print(sorted(m for m in ("torch", "transformers", "numpy", "nvtx", "opentelemetry") if m in sys.modules))
+        server.close()
+    """)
+    assert done.returncode == 0, done.stderr
+    line, imported = done.stdout.splitlines()
+    assert imported == "[]"
+    from importlib import metadata
+
+    assert f'torch_version="{metadata.version("torch")}"' in line
+
+
+def test_build_info_takes_the_gpu_name_once_the_program_runs_work_on_it(simcuda) -> None:  # type: ignore[no-untyped-def]
+    torch = pytest.importorskip("torch")
+    sim = simcuda(2)
+    srv = gpuprobe.serve(port=0)
+    try:
+        (before,) = scrape(srv.url)["gpuprobe_build_info"]
+        assert before.labels["device_name"] == "cuda"  # CUDA not initialized by the program yet
+
+        @probe("on_gpu")
+        def work() -> None:
+            sim.launch(1_000_000)
+
+        torch.cuda.set_device(1)
+        work()
+        sim.finish()
+        name = torch.cuda.get_device_properties(1).name
+
+        def renamed() -> list:
+            found = scrape(srv.url)["gpuprobe_build_info"]
+            return found if found[0].labels["device_name"] == name else []
+
+        after = wait_for(renamed, "the GPU's name in gpuprobe_build_info")
+        assert len(after) == 1 and after[0].labels["gpuprobe_device"] == "cuda:1"  # one series, not two
+    finally:
+        srv.close()
+
+
+# -- the exposition's own renderer, against prometheus_client's -----------------------------------------
+
+@pytest.mark.parametrize("openmetrics", [False, True], ids=["text-0.0.4", "openmetrics-1.0"])
+def test_the_renderer_writes_what_prometheus_client_writes(openmetrics: bool) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+    from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+    from gpuprobe.exporters.prometheus import GpuprobeCollector, render
+    from gpuprobe.runtime import runtime
+
+    @probe("odd", attrs={"aaa": 'quote " back \\ line \n end', "zzz": "after le"})  # labels around "le"
+    def odd() -> None:
+        pass
+
+    for _ in range(3):
+        odd()
+    rt = runtime()
+    rt.drop("otlp_export_failed", 12_345_678)  # past a million: Go's exponent form
+    rt.emit(rt.family("gpuprobe.generate.active").child(model="m"), -2)
+    rt.emit(rt.family("gpuprobe.memory.allocated").child(device="cpu"), 0.5)
+    collector = GpuprobeCollector(rt)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)  # type: ignore[arg-type]
+    ours = render(collector.data(), openmetrics=openmetrics).decode()
+    theirs = (generate_openmetrics if openmetrics else generate_latest)(registry).decode()
+    parse = parse_openmetrics if openmetrics else parse_text
+
+    def families(text: str) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+        return [(f.name, f.type, f.documentation, [(s.name, s.labels, s.value) for s in f.samples])
+                for f in parse(text)]
+
+    assert families(ours) == families(theirs)
+    assert 'aaa="quote \\" back \\\\ line \\n end"' in ours and "12345678" not in ours  # 1.2345678e+07
+    assert ("# EOF" in ours) == openmetrics

@@ -4,34 +4,50 @@ takes on-demand profile captures (``POST /gpuprobe/profile?steps=N``, see :mod:`
 
 Names follow the OpenTelemetry-to-Prometheus rules (see :func:`gpuprobe._metrics.prometheus_name`),
 so a dashboard written against an OTel Collector's Prometheus exporter reads the same series.
+
+What a scrape shows from the start: ``gpuprobe_build_info`` (1, labelled with the versions and the
+device) and, at 0, every counter whose labels are known before anything is counted (the reasons of
+``gpuprobe.telemetry.dropped``, every declared seam of ``gpuprobe.seam.disabled``, and the series an
+integration prepared, such as a model's preemptions and finished requests), so a dashboard reads 0
+rather than no data and ``increase()`` counts the first event.
+
+Under load (see :mod:`gpuprobe.exporters._http` and ``benchmarks/metrics_load.py``): the body is
+rendered at most once per ``collect_interval`` (0.5 s by default) and reused by every scrape in
+between, compressed only for a scraper that asks for gzip; a cached scrape is answered without a
+thread of its own; the server's threads, connections, time per request and CPU are bounded
+(:class:`Limits`).
 """
 
 from __future__ import annotations
 
 import errno
+import gzip
 import os
 import socket
+import sys
 import threading
-from collections.abc import Iterator
-from socketserver import ThreadingMixIn
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from .. import _on_demand
+from .. import _on_demand, _seams
 from .._lifecycle import Owner
-from .._metrics import MetricData, cumulative, prometheus_label, prometheus_name
+from .._metrics import MetricData, build_info_labels, cumulative, prometheus_label, prometheus_name
 from ..errors import ConfigError, missing
 from ..runtime import Runtime
 from ..runtime import runtime as _runtime
+from ._http import HttpServer, Limits, response
 
 try:
     from prometheus_client import CollectorRegistry, make_wsgi_app
     from prometheus_client.core import Metric
+    from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
     from prometheus_client.utils import floatToGoString
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
     raise missing("prometheus_client", "prometheus") from exc
 
-__all__ = ["GpuprobeCollector", "serve", "Server", "to_metrics"]
+__all__ = ["GpuprobeCollector", "Limits", "serve", "Server", "to_metrics", "render"]
 
 _TYPES = {"histogram": "histogram", "counter": "counter", "updown": "gauge", "gauge": "gauge"}
 
@@ -58,48 +74,265 @@ def to_metrics(data: list[MetricData]) -> Iterator[Metric]:
         yield fam
 
 
+class _Family:
+    """What the exposition writes for every series of one metric, worked out once per metric."""
+
+    __slots__ = ("name", "type", "help_text", "help_openmetrics", "les")
+
+    def __init__(self, spec: Any) -> None:
+        self.name = prometheus_name(spec)
+        self.type = _TYPES[spec.instrument]
+        doc = f"{spec.description} ({spec.name}, unit {spec.unit})"
+        self.help_text = doc.replace("\\", r"\\").replace("\n", r"\n")
+        self.help_openmetrics = self.help_text.replace('"', r'\"')
+        self.les = [floatToGoString(b) for b in (*(spec.buckets or ()), float("inf"))]
+
+
+_families: dict[Any, _Family] = {}  # by MetricSpec
+_label_names: dict[str, str] = {}
+
+
+def _escape(value: str) -> str:
+    """A label value as both formats write it (backslash, newline and double quote escaped)."""
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return value
+
+
+def _count(c: int) -> str:
+    """``floatToGoString(c)`` of a count: Python's ``repr`` of the float below a million (Go switches to an
+    exponent from seven digits on), without the float. Why: a body's bucket lines are most of its samples."""
+    return f"{c}.0" if 0 <= c < 1_000_000 else floatToGoString(c)
+
+
+def _labels(pairs: list[tuple[str, str]]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in pairs)
+
+
+def render(data: list[MetricData], *, openmetrics: bool = False) -> bytes:
+    """``data`` in the Prometheus text format 0.0.4, or in OpenMetrics 1.0: what prometheus_client's
+    ``generate_latest`` writes for :func:`to_metrics` of ``data`` (its twin, tested against it).
+
+    Why not ``generate_latest``: it validates and escapes every label name of every sample, about 20 µs
+    a sample (25 ms for a body of a thousand samples, on the development machine); this writes the
+    labels of a series once and its bucket lines from prepared pieces, about 1 µs a sample.
+
+    Example:
+        >>> import gpuprobe
+        >>> render(gpuprobe.collect()).startswith(b"# HELP") or render([]) == b""
+        True
+    """
+    out: list[str] = []
+    for md in data:
+        fam = _families.get(md.spec)
+        if fam is None:
+            fam = _families[md.spec] = _Family(md.spec)
+        name, typ = fam.name, fam.type
+        head = name + "_total" if typ == "counter" and not openmetrics else name
+        out.append(f"# HELP {head} {fam.help_openmetrics if openmetrics else fam.help_text}\n# TYPE {head} {typ}\n")
+        sample = name + "_total" if typ == "counter" else name
+        for p in md.points:
+            labels: dict[str, str] = {}
+            for k, v in p.labels.items():
+                key = _label_names.get(k)
+                if key is None:
+                    key = _label_names[k] = prometheus_label(k)
+                labels[key] = _escape(v)
+            pairs = sorted(labels.items())
+            if typ == "histogram":
+                before = _labels([kv for kv in pairs if kv[0] < "le"])
+                after = _labels([kv for kv in pairs if kv[0] > "le"])
+                prefix = f'{name}_bucket{{{before + "," if before else ""}le="'
+                suffix = f'"{"," + after if after else ""}}} '
+                total = 0
+                for le, c in zip(fam.les, p.bucket_counts):
+                    total += c
+                    out.append(f"{prefix}{le}{suffix}{_count(total)}\n")
+                both = f"{{{_labels(pairs)}}}" if pairs else ""
+                out.append(f"{name}_count{both} {_count(p.count)}\n{name}_sum{both} {floatToGoString(p.sum)}\n")
+            else:
+                both = f"{{{_labels(pairs)}}}" if pairs else ""
+                out.append(f"{sample}{both} {floatToGoString(p.value)}\n")
+    if openmetrics:
+        out.append("# EOF\n")
+    return "".join(out).encode("utf-8")
+
+
+def _device_name(device: str) -> str | None:
+    """A GPU's name for ``cuda:N`` once the program has initialized CUDA (never initializes it), else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not device.startswith("cuda:"):
+        return None
+    try:
+        if torch.cuda.is_initialized():
+            return str(torch.cuda.get_device_name(int(device[5:])))
+    except Exception:  # a reading that fails names the device by its label
+        pass
+    return None
+
+
 class GpuprobeCollector:
-    """A ``prometheus_client`` collector: each scrape drains buffers and reads the aggregates."""
+    """A ``prometheus_client`` collector: each scrape drains buffers and reads the aggregates.
+
+    Besides what was recorded, it shows ``gpuprobe_build_info`` and every counter series whose labels
+    are known, at 0 until something is counted (see the module docstring).
+    """
 
     def __init__(self, rt: Runtime | None = None) -> None:
         self._rt = rt
+        self._build: tuple[Any, dict[str, str]] | None = None  # (series, labels) of gpuprobe.build_info
+        self._names: dict[str, str] = {}  # device label -> GPU name, once read
 
     def collect(self) -> Iterator[Metric]:
+        yield from to_metrics(self.data())
+
+    def data(self) -> list[MetricData]:
+        """Drain the buffers, then copy the aggregates with the known series and build info."""
         rt = self._rt or _runtime()
-        yield from to_metrics(rt.collect())
+        with rt.lock:
+            rt.drain()
+            self.prepare(rt)
+            return rt.registry.snapshot(zeros=True)
+
+    def prepare(self, rt: Runtime) -> None:
+        """Prepare the known series and set ``gpuprobe.build_info`` (under the runtime's lock)."""
+        registry = rt.registry
+        registry.prepare_known()
+        seams = registry.family("gpuprobe.seam.disabled")
+        for declared in _seams.registry():
+            seams.child(seam=declared.name)
+        device = registry.const_labels.get("gpuprobe.device", "cpu")
+        name = self._names.get(device)
+        if name is None:
+            name = _device_name(device)
+            if name is not None:
+                self._names[device] = name
+        labels = build_info_labels(name or device)
+        if self._build is None or self._build[1] != labels:
+            series = registry.family("gpuprobe.build_info").child(**labels)
+            if self._build is not None and self._build[0] is not series:
+                self._build[0].forget()  # the device became known: one series, not two
+            series.apply(1)
+            self._build = (series, labels)
 
     def describe(self) -> list[Any]:
         return []  # families appear as probes run; no fixed description
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    """One thread per request, none kept at exit (as prometheus_client's own server)."""
+class _Rendered:
+    """One rendering of the body in one format, and the responses made of it."""
 
-    daemon_threads = True
+    __slots__ = ("at", "content_type", "body", "responses")
+
+    def __init__(self, at: float, content_type: str, body: bytes) -> None:
+        self.at = at
+        self.content_type = content_type
+        self.body = body
+        self.responses: dict[tuple[bool, bool], bytes] = {}  # (gzip, head only) -> whole response
+        self._add(False, body)
+
+    def _add(self, gzipped: bool, body: bytes) -> None:
+        headers = (("Content-Type", self.content_type),) + ((("Content-Encoding", "gzip"),) if gzipped else ())
+        whole = response("200 OK", body, headers)
+        self.responses[(gzipped, False)] = whole
+        self.responses[(gzipped, True)] = whole[: len(whole) - len(body)]
+
+    def get(self, gzipped: bool, head: bool) -> bytes:
+        """The response (compressed now if it was not yet: once per rendering; the caller holds the lock)."""
+        found = self.responses.get((gzipped, head))
+        if found is None:
+            # Level 6: a third of level 9's time for a body a few percent larger; zlib releases the GIL.
+            self._add(True, gzip.compress(self.body, compresslevel=6))
+            found = self.responses[(gzipped, head)]
+        return found
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        """No access log on stderr."""
+class _Job:
+    """A scrape: the format asked for, gzip or not, and whether it is a HEAD request."""
+
+    __slots__ = ("encoder", "content_type", "gzip", "head")
+
+    def __init__(self, encoder: Callable[[], bytes], content_type: str, gzipped: bool, head: bool) -> None:
+        self.encoder = encoder
+        self.content_type = content_type
+        self.gzip = gzipped
+        self.head = head
 
 
-def _start_http_server(port: int, addr: str, registry: Any, rt: Runtime) -> tuple[Any, threading.Thread]:
-    """prometheus_client's ``start_http_server`` with :data:`gpuprobe._on_demand.PATH` answered too."""
-    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    server_class = type("_Server", (_ThreadingServer,), {"address_family": family})
-    app = _on_demand.wrap_wsgi(make_wsgi_app(registry), rt, addr)
-    httpd: Any = make_server(str(sockaddr[0]), port, app, server_class, handler_class=_QuietHandler)
-    thread = threading.Thread(target=httpd.serve_forever, name="gpuprobe-metrics", daemon=True)
-    thread.start()
-    return httpd, thread
+# Name escapings under which gpuprobe's names (already Prometheus-legal) are written as they are.
+_NAMES_UNCHANGED = ("underscores", "allow-utf-8", "values")
+
+
+def _renderer(encoder: Any, collector: GpuprobeCollector, registry: Any) -> Callable[[], bytes]:
+    """The body for one of ``choose_encoder``'s answers: :func:`render` for the two formats it writes,
+    prometheus_client's encoder over the registry for anything else."""
+    func = getattr(encoder, "func", encoder)
+    escaping = getattr(encoder, "keywords", {}).get("escaping", "underscores")
+    if escaping in _NAMES_UNCHANGED and func in (generate_latest, generate_openmetrics):
+        openmetrics = func is generate_openmetrics
+        return lambda: render(collector.data(), openmetrics=openmetrics)
+    return lambda: encoder(registry)  # type: ignore[no-any-return]
+
+
+class _Exposition:
+    """The /metrics body, rendered at most once per ``collect_interval`` and reused in between (the
+    :class:`~gpuprobe.exporters._http.Site` of the endpoint).
+
+    Why: rendering reads every series and formats it in Python, milliseconds of the interpreter a
+    generating thread waits for; fifty scrapers a second then cost one rendering per interval, not fifty.
+    """
+
+    def __init__(self, rt: Runtime, collector: GpuprobeCollector, registry: Any) -> None:
+        self._rt = rt
+        self._collector = collector
+        self._registry = registry
+        self._lock = threading.Lock()
+        self._rendered: dict[str, _Rendered] = {}  # by content type
+        self._negotiated: dict[str, tuple[Callable[[], bytes], str]] = {}  # Accept header -> choice
+        self.renders = 0
+
+    def _fresh(self, rendered: _Rendered | None, now: float) -> bool:
+        return rendered is not None and now - rendered.at < self._rt.settings.collect_interval
+
+    def route(self, method: str, target: str, headers: Mapping[str, str]) -> _Job | None:
+        """Scrapes (GET or HEAD, any path but the capture endpoint's, no query) are the exposition's."""
+        if method not in ("GET", "HEAD") or "?" in target or target.rstrip("/") in (_on_demand.PATH, "/favicon.ico"):
+            return None
+        accept = headers.get("accept", "")
+        chosen = self._negotiated.get(accept)
+        if chosen is None:
+            encoder, content_type = choose_encoder(accept)
+            chosen = (_renderer(encoder, self._collector, self._registry), content_type)
+            if len(self._negotiated) < 16:  # scrapers send one or two distinct headers
+                self._negotiated[accept] = chosen
+        return _Job(chosen[0], chosen[1], gzip_accepted(headers.get("accept-encoding", "")), method == "HEAD")
+
+    def ready(self, job: _Job) -> bytes | None:
+        """The cached response, when it is fresh and made already (no lock: a dict read)."""
+        rendered = self._rendered.get(job.content_type)
+        if not self._fresh(rendered, time.monotonic()):
+            return None
+        return rendered.responses.get((job.gzip, job.head))  # type: ignore[union-attr]
+
+    def answer(self, job: _Job) -> bytes:
+        """Render if the cached body is stale (one rendering at a time; others wait and reuse it)."""
+        with self._lock:
+            rendered = self._rendered.get(job.content_type)
+            now = time.monotonic()
+            if not self._fresh(rendered, now):
+                rendered = _Rendered(now, job.content_type, job.encoder())
+                self._rendered[job.content_type] = rendered
+                self.renders += 1
+            assert rendered is not None
+            return rendered.get(job.gzip, job.head)
 
 
 class _Endpoint:
     """The HTTP server behind one address and port, shared by every :class:`Server` handle on it."""
 
-    def __init__(self, httpd: Any, thread: threading.Thread, addr: str, port: int) -> None:
-        self.httpd = httpd
-        self.thread = thread
+    def __init__(self, server: HttpServer, exposition: _Exposition, addr: str, port: int) -> None:
+        self.server = server
+        self.exposition = exposition
         self.addr = addr
         self.port = port
         self.users = 0
@@ -110,9 +343,7 @@ class _Endpoint:
             if self.users > 0:
                 return
             _servers.pop((self.addr, self.port), None)
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(2)
+        self.server.close()
 
 
 class Server:
@@ -135,6 +366,28 @@ class Server:
         host = f"[{self.addr}]" if ":" in self.addr else self.addr
         return f"http://{host}:{self.port}/metrics"
 
+    @property
+    def limits(self) -> Limits:
+        """The bounds the endpoint serves under (those of the :func:`serve` call that started it)."""
+        return self._endpoint.server.limits
+
+    def stats(self) -> dict[str, int]:
+        """What the endpoint has done so far: ``threads`` it runs now, ``renders`` of the body, requests
+        ``answered``, ``refused`` (503: every worker busy and ``Limits.waiting`` requests waiting),
+        ``timed_out`` (not sent, or not taken, within ``Limits.read_timeout``), ``evicted`` (cut while
+        sending a request, past ``Limits.connections``), ``malformed`` (answered 400).
+
+        Example:
+            >>> import gpuprobe
+            >>> server = gpuprobe.serve(port=0)
+            >>> server.stats()["refused"]
+            0
+            >>> server.close()
+        """
+        endpoint = self._endpoint
+        return {"threads": endpoint.server.threads(), "renders": endpoint.exposition.renders,
+                **endpoint.server.counts}
+
     def close(self) -> None:
         """Release this handle; the port is freed when the last handle on it is closed."""
         if self._closed:
@@ -150,8 +403,22 @@ _servers: dict[tuple[str, int], _Endpoint] = {}
 _lock = threading.Lock()
 
 
+def _bind(addr: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``addr:port`` (IPv4 or IPv6 as the address says), not listening yet."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # As http.server: a restarted program binds its port again while old connections linger.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime | None = None,
-          owner: Owner = "user") -> Server:
+          owner: Owner = "user", limits: Limits | None = None) -> Server:
     """Serve gpuprobe's metrics for Prometheus at ``http://addr:port/metrics``.
 
     Args:
@@ -161,6 +428,9 @@ def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime 
         addr: address to bind; default ``127.0.0.1`` (``GPUPROBE_PROMETHEUS_ADDR``).
         runtime: the runtime to serve (the process's by default).
         owner: ``"user"`` (kept across ``configure()``) or ``"settings"`` (started by the settings).
+        limits: how much the server may take from the program (:class:`Limits`: threads, requests
+            waiting, connections, read timeout, listen backlog, CPU share); the defaults suit a
+            Prometheus scraping every few seconds and hold under a flood of scrapers.
 
     Returns:
         A handle on the running endpoint (a new handle on the same endpoint if this process already
@@ -195,9 +465,14 @@ def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime 
             rt.add_closeable(handle, owner=owner)
             return handle
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(GpuprobeCollector(rt))  # type: ignore[arg-type]
+        collector = GpuprobeCollector(rt)
+        registry.register(collector)  # type: ignore[arg-type]
+        with rt.lock:
+            collector.prepare(rt)  # the known series and build info, from now on
+        exposition = _Exposition(rt, collector, registry)
+        app = _on_demand.wrap_wsgi(make_wsgi_app(registry), rt, addr)
         try:
-            httpd, thread = _start_http_server(port, addr, registry, rt)
+            listener = _bind(addr, port)
         except OSError as exc:
             rank = f" (base port + LOCAL_RANK={cfg.local_rank})" if cfg.local_rank and cfg.port_by_local_rank else ""
             if exc.errno == errno.EADDRINUSE:
@@ -209,7 +484,9 @@ def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime 
                 f"gpuprobe cannot serve /metrics on {addr}:{port}{rank}: {exc.strerror or exc}; "
                 f"check {setting} and GPUPROBE_PROMETHEUS_ADDR"
             ) from None
-        endpoint = _Endpoint(httpd, thread, addr, httpd.server_address[1])
+        httpd = HttpServer(listener, exposition, app, limits or Limits(), lambda exc: rt.warn_once(
+            "metrics-render", f"gpuprobe: /metrics could not be rendered: {exc!r}"))
+        endpoint = _Endpoint(httpd, exposition, addr, listener.getsockname()[1])
         endpoint.users = 1
         _servers[(addr, endpoint.port)] = endpoint
     server = Server(endpoint)
@@ -223,10 +500,7 @@ def _forget_after_fork() -> None:
     global _lock
     _lock = threading.Lock()
     for endpoint in list(_servers.values()):
-        try:
-            endpoint.httpd.socket.close()
-        except OSError:
-            pass
+        endpoint.server.forget_in_child()
     _servers.clear()
 
 
