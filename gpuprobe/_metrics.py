@@ -48,6 +48,8 @@ QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
                  120.0, 300.0)
 # Tokens of one continuous-batching step: 1 (a lone decode) to max_batch_tokens (often 256-16384).
 BATCH_TOKEN_BUCKETS = tuple(2**i for i in range(16))  # 1 … 32768, doubling
+# Tokens one speculative step emits: 1 (no draft token accepted) to the draft's length + 1 (often 3-20).
+EMITTED_TOKEN_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
 NS = 1e-9
 
@@ -141,6 +143,18 @@ SPECS: dict[str, MetricSpec] = dict(
               "Serving: tokens scheduled per continuous-batching step, by phase", BATCH_TOKEN_BUCKETS),
         _spec("gpuprobe.batch.requests", "histogram", "{request}",
               "Serving: requests scheduled per continuous-batching step", BATCH_BUCKETS),
+        # Speculative decoding (assisted decoding, prompt lookup): per verification step of the main model.
+        _spec("gpuprobe.speculative.drafts", "counter", "{draft}",
+              "Speculative decoding: verification steps that checked a draft of one token or more"),
+        _spec("gpuprobe.speculative.draft_tokens", "counter", "{token}",
+              "Speculative decoding: draft tokens proposed to the main model"),
+        _spec("gpuprobe.speculative.accepted_tokens", "counter", "{token}",
+              "Speculative decoding: draft tokens the main model accepted (acceptance rate = accepted ÷ draft tokens)"),
+        _spec("gpuprobe.speculative.accepted_tokens_per_position", "counter", "{token}",
+              "Speculative decoding: accepted draft tokens by their position in the draft (0 = the first)"),
+        _spec("gpuprobe.speculative.emitted_tokens", "histogram", "{token}",
+              "Speculative decoding: tokens one verification step emitted (the accepted draft tokens and one "
+              "of the main model's own)", EMITTED_TOKEN_BUCKETS),
         # GPU health from NVML (setting `nvml`), per GPU: gpu.index and gpuprobe.device on each series.
         _spec("gpuprobe.gpu.utilization", "gauge", "1",
               "GPU health (NVML): fraction of the last sample period in which a kernel ran on the GPU"),

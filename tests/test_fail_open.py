@@ -106,6 +106,18 @@ def _generate_workload(model: Any) -> list[Any]:
     compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told
     out.append(model.generate(one, max_new_tokens=3, do_sample=False, cache_implementation="static",
                               compile_config=compile_config).tolist())
+    # Speculative decoding: a draft model (the same weights: its drafts are accepted) and prompt lookup.
+    assistant = _tiny_llama()
+    out.append(model.generate(one, max_new_tokens=6, do_sample=False, assistant_model=assistant).tolist())
+    out.append(model.generate(ids[:1], max_new_tokens=6, do_sample=False, prompt_lookup_num_tokens=2).tolist())
+
+    class OwnGenerate(type(model)):  # a model class with a generate() of its own, defined now (as Whisper's)
+        def generate(self, *args: Any, **kwargs: Any) -> Any:
+            return super().generate(*args, **kwargs)[:, 1:]
+
+    own = OwnGenerate(model.config).eval()
+    own.load_state_dict(model.state_dict())
+    out.append(own.generate(one, max_new_tokens=3, do_sample=False).tolist())
     return out
 
 
@@ -227,7 +239,8 @@ SCENARIOS: dict[str, Callable[..., list[Any]]] = {
     "run": _run_bootstrap,
     "otel": _run_otel,
 }
-CLASS_WIDE = {"transformers.class.generate", "transformers.class.init_continuous_batching"}
+CLASS_WIDE = {"transformers.class.generate", "transformers.class.init_continuous_batching",
+              "transformers.class.own_generate", "transformers.class.subclass"}
 
 
 def _boom(*args: Any, **kwargs: Any) -> Any:

@@ -186,6 +186,51 @@ def _steps_row(q: Queries) -> Row:
     ))
 
 
+def _speculative_row(q: Queries) -> Row:
+    """Assisted decoding and prompt lookup (``assistant_model=``, ``prompt_lookup_num_tokens=``): what the
+    drafts propose, what the main model accepts, and where a speculative step's time goes."""
+    drafts, proposed = "gpuprobe.speculative.drafts", "gpuprobe.speculative.draft_tokens"
+    accepted, per_pos = "gpuprobe.speculative.accepted_tokens", "gpuprobe.speculative.accepted_tokens_per_position"
+    emitted, comp = "gpuprobe.speculative.emitted_tokens", "gpuprobe.step.component.duration"
+    keep = f"instance, {RANK}, model, method"
+    who = f"{{{{model}}}} {{{{method}}}} · rank {{{{{RANK}}}}}"
+
+    def by(metric: str, part: str = "", *extra: str, labels: str = keep) -> str:
+        return f"sum by ({labels}) ({q.rate(metric, part, *extra)})"
+
+    rate = f"{by(accepted)} / {by(proposed)}"
+    length = f"1 + {by(accepted)} / {by(drafts)}"
+    per_step = f"{by(emitted, 'sum')} / {by(emitted, 'count')}"
+    position = f"{by(per_pos, labels=keep + ', position')} / ignoring(position) group_left {by(drafts)}"
+    parts = 'component=~"draft|forward|verify"'
+    spec_steps = by(emitted, "count", labels=f"instance, {RANK}, model")
+    split = (f"sum by (instance, {RANK}, model, component) ({q.rate(comp, 'sum', parts)}) "
+             f"/ ignoring(component) group_left {spec_steps}")
+    return Row("Speculative decoding", (
+        Panel("Draft acceptance rate", "Draft tokens the main model accepted ÷ draft tokens proposed (assisted "
+              "decoding, prompt lookup), by model and method (draft_model, prompt_lookup, early_exit, ...): the "
+              f"rate of {series(accepted)} over the rate of {series(proposed)}.",
+              (Target(rate, who),), "percentunit"),
+        Panel("Tokens per main-model forward", "Mean tokens one verification step emits (the accepted draft "
+              "tokens and one of the main model's own), and the mean acceptance length (1 + accepted tokens ÷ "
+              "drafts, the bonus token included, as vLLM reports it): how many tokens each forward of the main "
+              "model buys.",
+              (Target(per_step, f"emitted per step {who}"), Target(length, f"acceptance length {who}")), "short"),
+        Panel("Acceptance rate by draft position", "Share of drafts whose token at position N (0 = the first "
+              "draft token) was accepted: it falls with N; where it gets small, shorter drafts waste less.",
+              (Target(position, f"position {{{{position}}}} {who}"),), "percentunit"),
+        Panel("Draft, forward and verification time per speculative step", "Mean time per speculative step in "
+              "the draft (the candidate generator: a draft model's generate(), or the prompt lookup), the main "
+              "model's forward, and the verification (selecting and comparing tokens, cropping the cache; on a "
+              "GPU the wait for the forward lands here). Per speculative step of each model: a model that "
+              "also runs plain steps adds their forward time.",
+              (Target(split, f"{{{{component}}}} {{{{model}}}} · rank {{{{{RANK}}}}}"),), "s", stack=True),
+        Panel("Draft tokens proposed and accepted", "Draft tokens proposed to the main model and accepted by "
+              "it, per second, by model and method.",
+              (Target(by(proposed), f"proposed {who}"), Target(by(accepted), f"accepted {who}")), "short"),
+    ))
+
+
 def _syncs_panel(q: Queries) -> Panel:
     """Host syncs per audited step by component and processor (the sync audit, docs/sync-audit.md)."""
     syncs, audited = "gpuprobe.step.syncs", "gpuprobe.step.audited"
@@ -322,13 +367,14 @@ def overview(inline: bool = False) -> Dashboard:
 
     Example:
         >>> [row.title for row in overview().rows]
-        ['Requests', 'Serving (continuous batching)', 'Generation steps', 'Memory', 'Kernels, probes and telemetry', 'GPU health']
+        ['Requests', 'Serving (continuous batching)', 'Generation steps', 'Speculative decoding', 'Memory', 'Kernels, probes and telemetry', 'GPU health']
     """
     q = Queries(inline)
     return Dashboard(
         "gpuprobe-overview", "gpuprobe · generation overview",
         "Live metrics of generate() calls measured by gpuprobe: latency, throughput, step breakdown, memory.",
-        (_requests_row(q), _serving_row(q), _steps_row(q), _memory_row(q), _kernels_row(q), _gpu_health_row(q)),
+        (_requests_row(q), _serving_row(q), _steps_row(q), _speculative_row(q), _memory_row(q), _kernels_row(q),
+         _gpu_health_row(q)),
     )
 
 

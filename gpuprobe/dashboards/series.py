@@ -69,6 +69,11 @@ _MODEL_ATTR: dict[str, str] = {
     "gpuprobe.kv_cache.blocks": "model",
     "gpuprobe.batch.tokens": "model",
     "gpuprobe.batch.requests": "model",
+    "gpuprobe.speculative.drafts": "model",
+    "gpuprobe.speculative.draft_tokens": "model",
+    "gpuprobe.speculative.accepted_tokens": "model",
+    "gpuprobe.speculative.accepted_tokens_per_position": "model",
+    "gpuprobe.speculative.emitted_tokens": "model",
 }
 
 

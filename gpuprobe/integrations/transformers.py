@@ -247,6 +247,14 @@ def is_instrumented(model: Any) -> bool:
 SEAM_CLASS_GENERATE = _seams.declare(
     "transformers.class.generate", library="transformers", attribute="generate", group=_g.GROUP_CALL,
     scenario="generate", target="generate() of a model class (instrument_class, instrument_all, gpuprobe run)")
+SEAM_CLASS_OWN_GENERATE = _seams.declare(
+    "transformers.class.own_generate", library="transformers", attribute="generate", group=_g.GROUP_CALL,
+    scenario="generate", target="generate() of a subclass that overrides it (Whisper, MusicGen, Bark), under "
+                                "instrument_class, instrument_all, gpuprobe run")
+SEAM_CLASS_SUBCLASS = _seams.declare(
+    "transformers.class.subclass", library="transformers", attribute="__init_subclass__", group=_g.GROUP_CALL,
+    scenario="generate", target="__init_subclass__ of a class under instrument_class, instrument_all, gpuprobe run "
+                                "(a model class defined later that overrides generate() is measured there)")
 SEAM_CLASS_CONTINUOUS = _seams.declare(
     "transformers.class.init_continuous_batching", library="transformers", attribute="init_continuous_batching",
     group="transformers.continuous_batching", scenario="generate_batch",
@@ -283,14 +291,15 @@ def _first_use(cls: type, patch: _ClassPatch, model: Any) -> Any:
     return model.__dict__.get(_g.STATE_KEY)
 
 
-def _class_generate(cls: type, patch: _ClassPatch, original: Any) -> Any:
-    """``cls.generate`` for class-wide instrumentation: the model is instrumented at its first call.
+def _class_generate(cls: type, patch: _ClassPatch, original: Any, seam: _seams.Seam = SEAM_CLASS_GENERATE) -> Any:
+    """``generate`` of ``cls`` (or of a subclass that overrides it) for class-wide instrumentation: the model
+    is instrumented at its first call.
 
     The call runs ``original`` (the class's own ``generate``) exactly once, with the caller's arguments.
-    A call that arrives inside a measured call (a subclass's own ``generate()`` calling
-    ``super().generate()`` after the first call) is measured by the outer one. The very first call of a
-    model whose class overrides ``generate()`` arrives here through ``super()``: that call is measured
-    here; later calls are measured at the model's own ``generate()`` (the outermost).
+    Subclasses that override ``generate()`` (Whisper, MusicGen, Bark) get the same wrapper on their own
+    method (:func:`_own_generate`), so each call is measured at the outermost ``generate()``, its first
+    as its later ones; a call that arrives inside a measured call (``super().generate()``) is measured by
+    the outer one.
     """
     reader = _seams.ArgReader(original, ("inputs", "streamer"))
 
@@ -306,9 +315,52 @@ def _class_generate(cls: type, patch: _ClassPatch, original: Any) -> Any:
         if token is not None:
             token[0].end_call(token[1], result, error)
 
-    fn = _seams.wrap(SEAM_CLASS_GENERATE, original, before, after)
+    fn = _seams.wrap(seam, original, before, after)
     fn._gpuprobe_class_wrapper = True  # type: ignore[attr-defined]
     return fn
+
+
+def _own_generate(root: type, patch: _ClassPatch, sub: type) -> None:
+    """Measure ``generate()`` of ``sub``, a subclass of ``root`` that overrides it, at its own method."""
+    if "generate" not in sub.__dict__ or getattr(sub.__dict__["generate"], "_gpuprobe_class_wrapper", False):
+        return
+    if SEAM_CLASS_OWN_GENERATE.check(sub) is not None:
+        return
+    original = sub.__dict__["generate"]
+    patch.patches.append(SEAM_CLASS_OWN_GENERATE.patch(
+        sub, _class_generate(root, patch, original, SEAM_CLASS_OWN_GENERATE), on_class=True))
+
+
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    todo = list(type.__subclasses__(cls))
+    while todo:
+        sub = todo.pop()
+        if sub not in found:
+            found.append(sub)
+            todo.extend(type.__subclasses__(sub))
+    return found
+
+
+def _subclass_hook(root: type, patch: _ClassPatch) -> Any:
+    """``root.__init_subclass__`` for class-wide instrumentation: a model class defined later (transformers
+    imports each model's module when it is first used) that overrides ``generate()`` is measured there.
+    The class's own ``__init_subclass__`` (or the next one in its MRO) runs first, exactly once."""
+    previous = root.__dict__.get("__init_subclass__")
+
+    def original(sub: type, **kwargs: Any) -> None:
+        if previous is not None:
+            previous.__get__(None, sub)(**kwargs)
+        else:
+            super(root, sub).__init_subclass__(**kwargs)  # type: ignore[misc]
+
+    def after(token: Any, result: Any, error: BaseException | None) -> None:
+        if error is None and token is not None and _class_patches.get(root) is patch:
+            with _lock:
+                _own_generate(root, patch, token)
+
+    fn = _seams.wrap(SEAM_CLASS_SUBCLASS, original, lambda args, kwargs: args[0] if args else None, after)
+    return classmethod(fn)
 
 
 def _class_continuous_batching(cls: type, patch: _ClassPatch, original: Any) -> Any:
@@ -383,6 +435,11 @@ def instrument_class(cls: C | None = None, **options: Any) -> C:
             original = _seams.unwrapped(cls, seam.attribute)  # type: ignore[arg-type]
             patch.patches.append(seam.patch(cls, make(cls, patch, original), on_class=True))
         _class_patches[cls] = patch
+        # Subclasses with a generate() of their own: those defined now, and (through __init_subclass__) later.
+        for sub in _subclasses(cls):
+            _own_generate(cls, patch, sub)
+        if SEAM_CLASS_SUBCLASS.check(cls) is None:
+            patch.patches.append(SEAM_CLASS_SUBCLASS.patch(cls, _subclass_hook(cls, patch), on_class=True))
     return cls
 
 

@@ -11,7 +11,9 @@ Modes:
   FLOP/s are given, so the step's MBU and MFU are exported on the CPU. The sync audit counts one step
   in 4 (on a CPU: what would synchronise on a GPU, e.g. transformers' stop check). Every few calls it
   also runs continuous batching (``generate_batch``) with a KV cache too small for its requests, so
-  the serving panels have queued, waiting and preempted requests.
+  the serving panels have queued, waiting and preempted requests, and speculative decoding (a draft
+  model, and prompt lookup), so the speculative-decoding panels have drafts, accepted tokens and their
+  draft and verification times.
 - ``--distributed``: the same under torchrun: ``init_process_group("gloo")``, one all-reduce per
   call, /metrics on ``--port`` + ``LOCAL_RANK`` (gpuprobe's own rule).
 - ``--gpu-fixture``: no model; pushes synthetic values through gpuprobe's real runtime for the series
@@ -134,6 +136,33 @@ def _generate(model: Any, rng: random.Random, bad: bool) -> None:
                        do_sample=True, top_k=20, temperature=0.9, repetition_penalty=1.3, pad_token_id=0)
 
 
+def _assistant(model: Any) -> Any:
+    """A draft model for assisted decoding: the model's weights, its head a little disturbed (most of its
+    drafts are accepted, not all). Not instrumented: a draft runs inside the main model's steps."""
+    import copy
+
+    import torch
+
+    assistant = copy.deepcopy(model)  # a deep copy of an instrumented model is a plain one
+    with torch.no_grad():
+        assistant.lm_head.weight.add_(torch.randn_like(assistant.lm_head.weight) * 0.02)
+    return assistant
+
+
+def _speculate(model: Any, assistant: Any, rng: random.Random) -> None:
+    """Speculative decoding: assisted decoding with a draft model, and prompt lookup on a prompt that repeats
+    itself (its n-grams are the drafts)."""
+    import torch
+
+    ids = torch.randint(3, 128, (1, rng.randint(4, 8)))
+    ids = torch.cat([ids, ids, ids], dim=1)
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=rng.randint(8, 16), do_sample=False, assistant_model=assistant,
+                       pad_token_id=0)
+        model.generate(ids, max_new_tokens=rng.randint(8, 16), do_sample=False, prompt_lookup_num_tokens=3,
+                       pad_token_id=0)
+
+
 def _serve_batch(model: Any, rng: random.Random) -> None:
     """Continuous batching: 6 requests of 24 tokens and a cache of 8 blocks of 16 tokens, so requests
     wait for room and some are preempted (their cache offloaded or dropped, and redone later)."""
@@ -155,6 +184,7 @@ def _generation(args: argparse.Namespace, stop: threading.Event) -> None:
 
         dist.init_process_group("gloo")
     model = _model()
+    assistant = _assistant(model)
     server = gpuprobe.serve(args.port)  # args.port + LOCAL_RANK under torchrun
     print(f"serving {server.url}", flush=True)
     rng = random.Random(int(os.environ.get("RANK", "0")))
@@ -172,6 +202,8 @@ def _generation(args: argparse.Namespace, stop: threading.Event) -> None:
             dist.all_reduce(torch.ones(1))
         if calls % 5 == 1:
             _serve_batch(model, rng)
+        if calls % 3 == 2:
+            _speculate(model, assistant, rng)
         calls += 1
         stop.wait(args.pause)
     if dist is not None:

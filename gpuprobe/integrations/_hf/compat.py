@@ -19,7 +19,9 @@ from ...errors import GpuprobeError, missing
 
 __all__ = ["SUPPORTED_VERSIONS", "TESTED_VERSION", "UnsupportedVersionError", "UnsupportedModelError",
            "import_transformers", "parse_version", "check_version", "check_model", "fits", "input_device",
-           "input_tokens", "defers_stop_check", "model_output_cache", "cache_bytes", "continuous_batching_classes",
+           "input_tokens", "input_width", "read_loop", "peer_finished", "steps_undone", "loop_rows", "speculative_method",
+           "draft_length", "decoding_module", "generation_modes", "model_output_cache", "cache_bytes",
+           "continuous_batching_classes",
            "request_statuses", "ends_with_eos", "paged_cache_geometry", "used_blocks", "processor_placement"]
 
 # -- versions and models ---------------------------------------------------------------------------
@@ -137,24 +139,121 @@ def input_device(inputs: Any, kwargs: dict[str, Any]) -> Any:
     return tensor_device(x) if hasattr(x, "device") else None
 
 
-def defers_stop_check(frame: Any) -> bool:
-    """Whether the decoding loop running in ``frame`` reads each step's tokens one step late.
+def read_loop(frame: Any) -> tuple[Any, bool]:
+    """What the decoding loop running in ``frame`` does with its steps' tokens: ``(deferred, synced)``.
 
-    transformers 5.x (``_sample``) keeps its stop check in the local ``stop_check``: a
-    ``DeferredStopCheck`` (mps in 5.23; planned for CUDA) copies the stop flag and the tokens to the
-    host without waiting and reads them in the next step. Anything else (beam search, a loop without
-    that local, older versions) is taken as reading each step's tokens in that step.
+    ``deferred``: the loop's ``DeferredStopCheck`` when it reads each step's tokens one step late, else
+    None. transformers 5.x (``_sample``) keeps its stop check in the local ``stop_check``: a
+    ``DeferredStopCheck`` (mps in 5.23 and 5.24; planned for CUDA) copies the stop flag and the tokens to
+    the host without waiting and reads them in the next step. Anything else (beam search, assisted
+    decoding, a loop without that local) reads each step's tokens in that step.
+
+    ``synced``: the loop runs with ``synced_gpus`` (FSDP, DeepSpeed ZeRO-3): once this rank's sequences
+    are done it goes on running forwards, selecting nothing, until every rank is done (see
+    :func:`peer_finished`).
     """
     utils = sys.modules.get("transformers.generation.utils")
     deferred = getattr(utils, "DeferredStopCheck", None)
-    if deferred is None:
-        return False
     try:
         # Why once per call, at the first check after the prefill: reading a frame's locals copies all of
         # _sample's (~40) into a dict, 6-13 us on the test CPU.
-        return isinstance(frame.f_locals.get("stop_check"), deferred)
+        local = frame.f_locals
+        check = local.get("stop_check")
+        synced = local.get("synced_gpus") is True
+    except Exception:
+        return None, False
+    return (check if deferred is not None and isinstance(check, deferred) else None), synced
+
+
+def peer_finished(frame: Any) -> bool:
+    """Whether this rank's sequences are done in the ``synced_gpus`` decoding loop running in ``frame``
+    (its local ``this_peer_finished``, a bool or a one-element tensor that the loop's own stop check
+    has just read on the host)."""
+    try:
+        return bool(frame.f_locals.get("this_peer_finished"))
     except Exception:
         return False
+
+
+def steps_undone(stop_check: Any) -> int:
+    """Decoding steps a ``DeferredStopCheck`` undid when its loop ended (read after ``generate()`` returned).
+
+    It runs one forward more than the sequences needed when it read the stop flag one step late
+    (``stop_reported``); ``finish()`` then drops that step's token.
+    """
+    return 1 if getattr(stop_check, "stop_reported", False) is True else 0
+
+
+def loop_rows(batch: int, generation_config: Any) -> tuple[int, int]:
+    """``(prompts, sequences)`` of a decoding loop that runs ``batch`` rows: the prompts it continues and
+    the sequences it returns. Beam search runs ``num_beams`` rows per prompt and returns
+    ``num_return_sequences`` of them; the other loops return the rows they run (``generate()`` has
+    already repeated each prompt ``num_return_sequences`` times).
+    """
+    beams = getattr(generation_config, "num_beams", None)
+    if not isinstance(beams, int) or beams <= 1 or batch % beams:
+        return batch, batch
+    returned = getattr(generation_config, "num_return_sequences", None)
+    returned = returned if isinstance(returned, int) and returned >= 1 else 1
+    return batch // beams, batch // beams * returned
+
+
+# transformers' candidate generators (generation/candidate_generator.py) -> the ``method`` label; the first
+# class of a generator's MRO found here names it (EarlyExitCandidateGenerator is an AssistedCandidateGenerator).
+_SPECULATIVE_METHODS = {
+    "PromptLookupCandidateGenerator": "prompt_lookup",
+    "EarlyExitCandidateGenerator": "early_exit",
+    "MTPCandidateGenerator": "mtp",
+    "DFlashTokenCandidateGenerator": "dflash",
+    "AssistedCandidateGenerator": "draft_model",  # and its subclasses for other tokenizers (UAG, USD)
+    "SinglePositionMultiTokenCandidateGenerator": "draft_model",
+}
+SPECULATIVE_METHODS = ("draft_model", "prompt_lookup", "early_exit", "mtp", "dflash", "other")
+"""The values of the ``method`` attribute of the speculative-decoding metrics."""
+
+
+def speculative_method(generator: Any) -> str:
+    """The ``method`` label of a candidate generator: where its draft tokens come from."""
+    for cls in type(generator).__mro__:
+        found = _SPECULATIVE_METHODS.get(cls.__name__)
+        if found is not None:
+            return found
+    return "other"
+
+
+def draft_length(scores: Any) -> int | None:
+    """Draft tokens a verification step checked, from the ``scores`` it hands the candidate generator's
+    ``update_candidate_strategy``: the main model's logits at each draft position and one more
+    (``(batch, draft tokens + 1, vocabulary)``)."""
+    shape = getattr(scores, "shape", None)
+    if shape is None or len(shape) != 3:
+        return None
+    return max(0, int(shape[1]) - 1)
+
+
+def decoding_module(model: Any) -> Any:
+    """The part of ``model`` that runs in a decoding step: ``get_decoder()`` of an encoder-decoder or a
+    multimodal model (the text decoder; their encoders run once, before the first step), else the model."""
+    import torch.nn as nn
+
+    get = getattr(model, "get_decoder", None)
+    if callable(get):
+        try:
+            found = get()
+        except Exception:  # a model whose get_decoder() needs what it does not have
+            found = None
+        if isinstance(found, nn.Module) and found is not model:
+            return found
+    return model
+
+
+def generation_modes() -> dict[str, str]:
+    """The ``GenerationMode`` values of the installed transformers and what ``generate()`` runs for each:
+    a method of the model, or a Hub repository of custom generation code."""
+    utils = import_transformers().generation.utils
+    mapping = getattr(utils, "GENERATION_MODES_MAPPING", {})
+    modes = getattr(import_transformers().generation.configuration_utils, "GenerationMode")
+    return {str(mode.value): str(mapping.get(mode, "")) for mode in modes}
 
 
 def input_tokens(inputs: Any, kwargs: dict[str, Any]) -> int | None:
@@ -175,6 +274,16 @@ def input_tokens(inputs: Any, kwargs: dict[str, Any]) -> int | None:
     shape = getattr(x, "shape", None)
     if shape is not None and len(shape) == 3:
         return int(shape[0]) * int(shape[1])
+    return None
+
+
+def input_width(inputs: Any, kwargs: dict[str, Any]) -> int | None:
+    """Positions of a generate() call's prompt token ids (padding included), or None when it has none."""
+    x = inputs if inputs is not None else kwargs.get("input_ids")
+    shape = getattr(x, "shape", None)
+    dtype = getattr(x, "dtype", None)
+    if shape is not None and len(shape) == 2 and dtype is not None and not dtype.is_floating_point:
+        return int(shape[1])
     return None
 
 

@@ -19,9 +19,9 @@ class Call:
 
     __slots__ = (
         "t0", "records", "nv", "clock", "device", "devices", "step", "step_t0", "step_open", "seen_check",
-        "prefilled", "in_fwd", "fwd_t0", "fwd_ns", "processors_ns", "criteria_ns", "streamer_ns", "streamed",
-        "dev_tok", "depth",
-        "prompt_len", "batch", "cache", "layers_on", "layer_stack", "compiled", "live", "util",
+        "prefilled", "in_fwd", "fwd_t0", "fwd_ns", "counted_ns", "criteria_ns", "streamer_ns", "streamed",
+        "dev_tok", "depth", "first_step", "extra_tokens", "rows", "stop_check", "synced", "spec",
+        "prompt_len", "batch", "cache", "layers_on", "layer_stack", "layers_ran", "compiled", "live", "util",
         "marks", "audit",
         "call_tok", "deferred", "tok_t", "ttft_ns", "held_record",  # latencies of the tokens (see token_on_host)
         "args", "kwargs", "inputs", "prev", "undo", "boundary", "layer_next",
@@ -42,17 +42,26 @@ class Call:
         self.in_fwd = False
         self.fwd_t0 = 0
         self.fwd_ns = 0
-        self.processors_ns = 0
+        # The step's components recorded as they ran (logits processors; a speculative step's draft and
+        # verification): the step's "other" is what is left.
+        self.counted_ns = 0
         self.criteria_ns = -1
         self.streamer_ns = 0
         self.streamed = False
         self.dev_tok: Any = None
         self.depth = 0  # NVTX ranges this call opened outside try/finally blocks (step, forward)
+        self.first_step = 0  # the index of the running decoding loop's first step (a model's generate() may run several)
+        self.extra_tokens = 0  # output tokens per sequence beyond one per step (speculative steps accept several)
+        self.rows: tuple[int, int] | None = None  # (prompts, sequences) of the first loop (compat.loop_rows)
+        self.stop_check: Any = None  # the loop's DeferredStopCheck, when it reads each step's tokens one step late
+        self.synced = False  # the loop runs with synced_gpus: it may go on after this rank's sequences are done
+        self.spec: Any = None  # a speculative call's running step (speculative.Speculation), else None
         self.prompt_len: int | None = None
         self.batch: int | None = None
         self.cache: Any = None
         self.layers_on = False
         self.layer_stack: list[tuple[int, Any]] = []
+        self.layers_ran = 0  # layer samples taken in the running sampled step
         self.compiled = False
         self.live = True
         self.util: Any = None  # MBU/MFU record targets when the call's device has known peaks

@@ -1,18 +1,20 @@
 """Decoder layers: finding them without a hand-kept list of architectures, and timing them on sampled steps.
 
-Which modules are layers (:func:`find_layers`), in order:
+Which modules are layers (:func:`find_layers`), in order, looked for in the part of the model that runs
+in a decoding step (:func:`~..compat.decoding_module`: ``get_decoder()`` of an encoder-decoder or a
+vision-language model, whose encoders run once, before the first step; else the whole model), then in
+the whole model if nothing is found there:
 
 1. ``model._no_split_modules`` names the block classes that must stay on one device; every
-   ``nn.ModuleList`` whose members all belong to those classes is a stack of decoder (or encoder)
-   blocks. Lists nested inside a block already picked are skipped, so no time is counted twice.
+   ``nn.ModuleList`` whose members all belong to those classes is a stack of decoder blocks. Lists
+   nested inside a block already picked are skipped, so no time is counted twice.
 2. Otherwise, the ``nn.ModuleList`` of identical blocks holding the most parameters.
-
-Vision-language models may yield two stacks (vision encoder and text decoder); the ``layer.type``
-label keeps them apart.
 
 Timing (:class:`LayerTiming`, a part of :class:`~.state.ModelState`): forward hooks are added for one
 decode step in ``layer_every`` and removed after it; each layer's time is its host time on the CPU, or
-the device span of its CUDA events, consecutive layers of a stack sharing their boundary event.
+the device span of its CUDA events, consecutive layers of a stack sharing their boundary event. A
+sampled step in which none of the layers ran (modules that are not the decoder's blocks) is said once
+per model, in a warning that names them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from ...._placement import tensor_device
 from ....runtime import Runtime
+from ..compat import decoding_module
 from . import steps
 
 __all__ = ["find_layers", "LayerTiming"]
@@ -52,8 +55,16 @@ def find_layers(model: Any) -> list[tuple[Any, int]]:
         >>> [(type(b).__name__, i) for b, i in find_layers(m)]
         [('LlamaDecoderLayer', 0), ('LlamaDecoderLayer', 1)]
     """
-    lists = [(name, mod) for name, mod in model.named_modules() if _is_module_list(mod)]
     block_names = set(getattr(model, "_no_split_modules", None) or ())
+    root = decoding_module(model)
+    found = _stacks(root, block_names | set(getattr(root, "_no_split_modules", None) or ()))
+    if not found and root is not model:
+        found = _stacks(model, block_names)
+    return found
+
+
+def _stacks(model: Any, block_names: set[str]) -> list[tuple[Any, int]]:
+    lists = [(name, mod) for name, mod in model.named_modules() if _is_module_list(mod)]
     picked: list[tuple[str, Any]] = []
     if block_names:
         for name, ml in lists:
@@ -75,6 +86,7 @@ class LayerTiming:
     rt: Runtime
     tls: threading.local
     nvtx: Any
+    model_name: str
 
     def prepare_layers(self, layers: list[tuple[Any, int]], ml: dict[str, str], layer_index: bool) -> None:
         """Prepare the layers' series and messages (once, when the model is instrumented)."""
@@ -100,6 +112,16 @@ class LayerTiming:
         # is not moved while it generates. Why not at every sampled step: ~22 Python calls per layer
         # (+19.6 -> +14.1 Python calls per greedy step with layers every 8, benchmarks/step_calls.py).
         self.layers_moved = True
+
+    def no_layer_ran(self) -> None:
+        """A sampled decode step ran none of the timed layers: a warning, once per model."""
+        kinds = ", ".join(sorted({type(m).__name__ for m in self.layers}))
+        self.rt.warn_once(
+            f"layers-idle:{id(self)}",
+            f"gpuprobe: none of the {len(self.layers)} timed layers of model {self.model_name!r} ({kinds}) ran during "
+            "a sampled decode step, so gpuprobe.layer.duration stays empty: they are not the blocks a decoding "
+            "step runs (pass those as instrument(model, layers=[...])), or the forward is compiled (a compiled "
+            "forward runs without the layers' hooks)")
 
     def module_device(self, module: Any) -> int | None:
         """The CUDA device of ``module``'s parameters (cached), or None when they are not on CUDA."""
@@ -182,6 +204,7 @@ class LayerTiming:
             return None
         t0, tok = ctx.layer_stack.pop()
         dt = perf_counter_ns() - t0
+        ctx.layers_ran += 1
         child = self.layer_children[module]
         if tok is None:
             ctx.records.append((child.apply, dt))  # the layer runs on the CPU: its host time

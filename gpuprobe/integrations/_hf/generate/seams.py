@@ -40,7 +40,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from .... import _seams
-from ..compat import check_version, defers_stop_check, model_output_cache
+from ..compat import check_version, loop_rows, model_output_cache, peer_finished, read_loop
 
 __all__ = ["STATE_KEY", "METHOD_SEAMS", "MethodSeam", "GROUP_CALL", "GROUP_STEPS", "SEAM_PROCESSOR", "SEAM_CRITERION",
            "SEAM_STREAMER", "fit_method_seams"]
@@ -64,6 +64,7 @@ def _method_seam(attribute: str, short: str, group: str = GROUP_STEPS, reads: tu
 
 SEAM_GENERATE = _method_seam("generate", "", GROUP_CALL)
 SEAM_PREFILL = _method_seam("_prefill", "prefill", reads=("input_ids",))
+SEAM_CANDIDATES = _method_seam("_get_candidate_generator", "candidate_generator")
 SEAM_CHECK = _method_seam("_has_unfinished_sequences", "stop_check")
 SEAM_UPDATE = _method_seam("_update_model_kwargs_for_generation", "update_kwargs", reads=("outputs",))
 SEAM_LOGITS = _method_seam("_get_logits_processor", "logits_processors")
@@ -100,16 +101,35 @@ def _prefill_before(state: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     t = perf_counter_ns()
     if ctx.step_open:  # a second prefill in one call (unusual): close what runs
         state.close_step(ctx, t)
-    ids = state.readers["_prefill"].get(args, kwargs, "input_ids")
+    reader = state.readers["_prefill"]
+    ids = reader.get(args, kwargs, "input_ids")
     shape = getattr(ids, "shape", None)
     if shape is not None and len(shape) >= 2:
         ctx.prompt_len = int(shape[-1])
         ctx.batch = int(shape[0])
         ctx.records.append((state.batch, ctx.batch))
+        if ctx.rows is None:
+            ctx.rows = loop_rows(ctx.batch, reader.get(args, kwargs, "generation_config"))
+    if ctx.step >= 0:  # another decoding loop in this call (a model's own generate() may run several)
+        ctx.first_step = ctx.step + 1
     state.place_call(state.model(), ctx, ids)
     ctx.prefilled = True
     ctx.seen_check = False
     state.open_step(ctx, t, decode=False)
+
+
+def _candidates_before(state: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    ctx = getattr(state.tls, "ctx", None)
+    if ctx is None or not ctx.live or ctx.prefilled:
+        return None
+    reader = state.readers["_get_candidate_generator"]
+    return ctx, reader.get(args, kwargs, "input_ids"), reader.get(args, kwargs, "generation_config")
+
+
+def _candidates_after(state: Any, token: Any, generator: Any, error: BaseException | None) -> None:
+    if token is not None and error is None:
+        ctx, ids, generation_config = token
+        state.speculate(ctx, ids, generation_config, generator)
 
 
 def _check_after(state: Any, token: None, more: Any, error: BaseException | None) -> None:
@@ -123,9 +143,12 @@ def _check_after(state: Any, token: None, more: Any, error: BaseException | None
     if ctx.step_open and not ctx.seen_check:
         ctx.seen_check = True  # the check right after prefill: step 0 goes on (token selection)
         # The decoding loop that called: this hook <- the seam's replacement <- the loop.
-        ctx.deferred = defers_stop_check(sys._getframe(2))
+        ctx.stop_check, ctx.synced = read_loop(sys._getframe(2))
+        ctx.deferred = ctx.stop_check is not None
         return
     more = error is None and bool(more)
+    if more and ctx.synced:  # synced_gpus: once this rank is done, the loop runs forwards that select nothing
+        more = not peer_finished(sys._getframe(2))
     if ctx.step_open:
         state.close_step(ctx, t, chain=more)
     if more:
@@ -195,12 +218,14 @@ _replacements: dict[tuple[type, str], Any] = {}
 
 METHOD_SEAMS = (
     MethodSeam(SEAM_GENERATE, _generate_before, _generate_after, optional_reads=("inputs", "streamer")),
-    MethodSeam(SEAM_PREFILL, _prefill_before),
+    MethodSeam(SEAM_PREFILL, _prefill_before, optional_reads=("generation_config",)),
     MethodSeam(SEAM_CHECK, after=_check_after),
     MethodSeam(SEAM_UPDATE, _update_before),
     MethodSeam(SEAM_LOGITS, after=_logits_after),
     MethodSeam(SEAM_STOPPING, after=_stopping_after),
     MethodSeam(SEAM_COMPILED, _compiled_before, required=False),
+    MethodSeam(SEAM_CANDIDATES, _candidates_before, _candidates_after, required=False,
+               optional_reads=("input_ids", "generation_config")),
     MethodSeam(SEAM_CONTINUOUS, after=_continuous_after, required=False),
 )
 """The seams :func:`~gpuprobe.integrations.transformers.instrument` installs on a model, in order."""

@@ -18,13 +18,15 @@ from typing import Any
 
 from .... import _seams, is_enabled, memory
 from ....runtime import Runtime
-from ..compat import cache_bytes, input_device, input_tokens
+from ..compat import cache_bytes, input_device, input_tokens, input_width, loop_rows, steps_undone
 from ..continuous import ServingState
 from ..series import RequestSeries, StepSeries, time_per_output_token_ns
 from . import steps as _steps
 from .call import Call
 from .layers import LayerTiming
 from .marks import StepMarker
+from .speculative import DRAFTING
+from .speculative import begin as begin_speculation
 from .steps import StepMachine
 from .streamer import time_streamer
 from .timed import ElementTiming
@@ -51,6 +53,9 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
                  options: dict[str, Any]) -> None:
         self.model_name = name
         self.model = weakref.ref(model)
+        # A decoder-only model's generate() returns the prompt and what follows it (what a call whose steps
+        # were not seen is counted from); an encoder-decoder's returns the decoder's tokens only.
+        self.encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
         self.rt = rt
         self.options = options
         self.tls = threading.local()
@@ -92,6 +97,7 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         self.utilization = Utilization(model, rt, name)  # measured once (MBU, MFU)
         self.marker = StepMarker(rt, name)  # component ranges in profile windows, the sync audit
         self.serving: Any = None  # continuous batching's series (continuous.ServingState), at first use
+        self.speculative: dict[str, Any] = {}  # speculative-decoding series per method, at first use
 
     def current(self) -> Call | None:
         """The call running on this thread, if any."""
@@ -162,7 +168,7 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         if self.kv_cache and ctx.cache is not None:
             records.append((self.kv_mem, cache_bytes(ctx.cache)))
             if ctx.prompt_len is not None:
-                records.append((self.kv_seq, ctx.prompt_len + max(ctx.step, 0)))
+                records.append((self.kv_seq, ctx.prompt_len + max(ctx.step - ctx.first_step, 0) + ctx.extra_tokens))
 
     # -- the call ----------------------------------------------------------------------------
     def begin_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], reader: _seams.ArgReader) -> Call | None:
@@ -171,7 +177,7 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         Nothing of the call's arguments is changed: the streamer is timed through its own ``put``
         (patched for the call, see :func:`.streamer.time_streamer`).
         """
-        if not is_enabled() or _steps.compiling():
+        if not is_enabled() or _steps.compiling() or DRAFTING.on:  # a draft is the measured call's work
             return None
         rt = self.rt
         backends = rt.backends
@@ -195,6 +201,10 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         if nv is not None:
             nv.push(self.nvtx(nv, self.generate_message, "generate", None))
         return ctx
+
+    def speculate(self, ctx: Call, input_ids: Any, generation_config: Any, generator: Any) -> None:
+        """The call runs assisted decoding or prompt lookup with ``generator``: its steps (see :mod:`.speculative`)."""
+        begin_speculation(self, ctx, input_ids, generation_config, generator, loop_rows)
 
     def end_call(self, ctx: Call, out: Any, err: BaseException | None) -> None:
         """The call ``ctx`` returned ``out`` or raised ``err``: its samples; what it patched is put back."""
@@ -247,17 +257,27 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         else:
             records.append((self.request_series.request_ok, dur))
             n_in = input_tokens(ctx.inputs, ctx.kwargs or {})
-            if n_in is None and ctx.prompt_len is not None and ctx.batch is not None:
-                n_in = ctx.prompt_len * ctx.batch
+            if n_in is None and ctx.prompt_len is not None and ctx.rows is not None:
+                n_in = ctx.prompt_len * ctx.rows[0]
             if n_in is not None:
                 records.append((self.request_series.usage_in, n_in))
-            seq = out if hasattr(out, "shape") else getattr(out, "sequences", None)
-            shape = getattr(seq, "shape", None)
             n_out = None  # output tokens of each sequence
-            if shape is not None and len(shape) == 2:
-                start = ctx.prompt_len if ctx.prompt_len is not None else 0
-                n_out = max(0, int(shape[1]) - start)
-                records.append((self.request_series.usage_out, int(shape[0]) * n_out))
+            sequences = 0
+            if ctx.step >= 0 and ctx.rows is not None:
+                # What the decoding loop selected, step by step: one token per sequence and step, more in a
+                # speculative step, none in a step the deferred stop check undid. Never the returned
+                # tensor's shape: a model's own generate() may strip or reshape it (Whisper, MusicGen).
+                n_out = ctx.step + 1 + ctx.extra_tokens - (steps_undone(ctx.stop_check) if ctx.deferred else 0)
+                sequences = ctx.rows[1]
+            elif ctx.step < 0 and not self.encoder_decoder:  # no step seen (custom_generate): the returned shape
+                seq = out if hasattr(out, "shape") else getattr(out, "sequences", None)
+                shape = getattr(seq, "shape", None)
+                width = input_width(ctx.inputs, ctx.kwargs or {})
+                if shape is not None and len(shape) == 2 and width is not None and int(shape[1]) >= width:
+                    n_out = int(shape[1]) - width
+                    sequences = int(shape[0])
+            if n_out is not None:
+                records.append((self.request_series.usage_out, sequences * n_out))
             self.last_tokens(ctx, t1, n_out)
             tpot = time_per_output_token_ns(dur - ctx.ttft_ns, n_out) if n_out and ctx.ttft_ns >= 0 else None
             if tpot is not None:

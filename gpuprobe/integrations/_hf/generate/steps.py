@@ -144,7 +144,7 @@ class StepMachine:
         ctx.step += 1
         ctx.step_open = True
         ctx.step_t0 = t
-        ctx.fwd_ns = ctx.processors_ns = ctx.streamer_ns = 0
+        ctx.fwd_ns = ctx.counted_ns = ctx.streamer_ns = 0
         ctx.criteria_ns = -1
         ctx.streamed = False
         nv = ctx.nv
@@ -164,6 +164,7 @@ class StepMachine:
             if self.decode_count % self.layer_every == 0:
                 self.acquire_layers()
                 ctx.layers_on = True
+                ctx.layers_ran = 0
         # Decided once per step: most steps are neither traced nor audited, and their components then
         # test one attribute (ctx.marks is None). The audit stays out of compiled
         # forwards (Dynamo) and of CUDA graph captures.
@@ -172,9 +173,23 @@ class StepMachine:
                    and not compiling())
         if traced or audited or own:
             ctx.marks = self.marker.open(traced, audited, index if own else None)
+        if ctx.spec is not None:  # a speculative step starts with its draft; the forward follows it (.speculative)
+            return
         # The forward starts with the step: in a decode step prepare_inputs_for_generation follows the
-        # stop check at once (why no seam there: 3 Python calls fewer per decode step).
+        # stop check at once (why no seam there: 3 Python calls fewer per decode step). start_forward
+        # written out: one Python call fewer per decode step.
         ctx.in_fwd = True
+        if nv is not None:
+            nv.push(self.nvtx(nv, "forward", "component", ctx.step))
+            ctx.depth += 1
+        if ctx.marks is not None:
+            ctx.marks.begin_forward()
+        ctx.fwd_t0 = perf_counter_ns()
+
+    def start_forward(self, ctx: Call) -> None:
+        """The running step's forward starts now (a speculative step's, once its draft is done)."""
+        ctx.in_fwd = True
+        nv = ctx.nv
         if nv is not None:
             nv.push(self.nvtx(nv, "forward", "component", ctx.step))
             ctx.depth += 1
@@ -238,7 +253,7 @@ class StepMachine:
             ctx.marks = None
             self.marker.close(marks, ctx.records)
         dur = t - ctx.step_t0
-        decode = ctx.step > 0
+        decode = ctx.step > ctx.first_step
         records = ctx.records
         append = records.append
         # The step's host duration and (below) its device span: the same two records as continuous
@@ -265,7 +280,7 @@ class StepMachine:
             if util is None:
                 rec = (self.rt.pending.apply, (target, pending))
             else:  # the device step time, then MBU/MFU from it, once the events are read
-                rec = (util.device_step, (target, pending, ctx.batch, ctx.prompt_len, ctx.step))
+                rec = (util.device_step, (target, pending, ctx.batch, ctx.prompt_len, ctx.step - ctx.first_step))
             if decode and ctx.deferred:  # kept back one step: the token of the last step run may be undone
                 rec, ctx.held_record = ctx.held_record, rec
             if rec is not None:
@@ -274,7 +289,7 @@ class StepMachine:
         elif util is not None and ctx.clock is None:  # CPU (or device timing off): the host step time
             # Why a record of four integers: counting bytes and FLOPs and dividing costs 1.26 us per step,
             # appending this record 0.19 us (test CPU); the drain pays the rest.
-            append((util.host_step, (dur, ctx.batch, ctx.prompt_len, ctx.step)))
+            append((util.host_step, (dur, ctx.batch, ctx.prompt_len, ctx.step - ctx.first_step)))
         if not decode and ctx.call_tok is not None:  # device TTFT: the call's start event → after token 0
             call_tok, ctx.call_tok = ctx.call_tok, None
             if pending is not None and pending[0] is call_tok[0]:
@@ -284,7 +299,7 @@ class StepMachine:
                 append((self.rt.pending.apply, target))
             else:
                 append((self.rt.pending.apply, (self.request_series.ttft_device, ctx.clock.stop(call_tok))))
-        other = dur - ctx.fwd_ns - ctx.processors_ns
+        other = dur - ctx.fwd_ns - ctx.counted_ns
         append((self.c_forward, ctx.fwd_ns))
         if ctx.criteria_ns >= 0:
             append((self.c_stopping, ctx.criteria_ns))
@@ -310,6 +325,8 @@ class StepMachine:
             if ctx.layer_next is not None:
                 ctx.clock.drop(ctx.layer_next[1])
                 ctx.layer_next = None
+            if not ctx.layers_ran:
+                self.no_layer_ran()
         # Why every memory_every steps: one memory reading costs 24 us on CPU (RSS from /proc);
         # gauges keep only the last value anyway, and every call ends with a reading.
         if ctx.step % self.memory_every == 0 and (self.memory or self.kv_cache):

@@ -82,7 +82,7 @@ class Timed:
             child = self._gp_child
             if child is not None:  # a logits processor: its own series, and the step's processor time
                 ctx.records.append((child, dt))
-                ctx.processors_ns += dt
+                ctx.counted_ns += dt
             else:  # a stopping criterion: the stopping_criteria component
                 ctx.criteria_ns = (ctx.criteria_ns if ctx.criteria_ns > 0 else 0) + dt
         except Exception as exc:
