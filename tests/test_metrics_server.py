@@ -181,6 +181,19 @@ def test_excess_requests_wait_for_a_worker_or_get_503_and_the_waiting_ones_are_a
     assert server.stats()["refused"] == len(refused)
 
 
+def test_past_the_rate_bound_connections_wait_in_the_listen_queue_and_are_all_answered(serve) -> None:
+    server = serve(rate=10.0)  # a burst of 5 at once, then one every 0.1 s
+    statuses: list[int] = []
+    clients = [threading.Thread(target=lambda: statuses.append(get(server)[0])) for _ in range(25)]
+    t0 = time.monotonic()
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join(60)
+    assert statuses == [200] * 25
+    assert time.monotonic() - t0 >= (25 - 5 - 1) / 10  # the bucket's refill, however fast the machine
+
+
 def test_malformed_and_oversized_requests_are_answered_400_and_431(serve) -> None:
     server = serve()
     with socket.create_connection((server.addr, server.port), timeout=30) as s:
@@ -225,7 +238,7 @@ def test_closing_frees_the_port_and_stops_every_thread(serve) -> None:
         s.close()
 
 
-@pytest.mark.parametrize(("field", "value"), [("threads", 0), ("waiting", 1.5), ("read_timeout", 0),
+@pytest.mark.parametrize(("field", "value"), [("threads", 0), ("waiting", 1.5), ("read_timeout", 0), ("rate", -1),
                                               ("cpu_share", 2.0), ("backlog", True)])
 def test_a_bad_limit_is_a_clear_error_naming_it(field: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=f"Limits.{field} must be"):
