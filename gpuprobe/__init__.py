@@ -128,10 +128,6 @@ def configure(*, meter_provider: Any = _UNCHANGED, **settings: Any) -> Config:
         meter_provider is None or current is None or current.meter_provider is not meter_provider)
     if provider_changes and meter_provider is not None:
         bridge = _bridge_for(meter_provider)
-    if settings.get("jsonl") is not None:
-        from .exporters.jsonl import jsonl_path
-
-        settings["jsonl"] = jsonl_path(settings["jsonl"])
     cfg = config.replace(rt.settings, **settings)
     if "disable" in settings:
         if cfg.disable:

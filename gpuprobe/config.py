@@ -110,6 +110,19 @@ def _nonempty(name: str, raw: Any) -> str:
     return text
 
 
+def _path(name: str, raw: Any) -> str:
+    """A file or folder path: a ``str`` or ``os.PathLike[str]``, not blank (never ``str()`` of anything else,
+    which would name a file ``<object object at ...>``)."""
+    path = os.fspath(raw) if isinstance(raw, (str, os.PathLike)) else None
+    if not isinstance(path, str):  # bytes from a PathLike, or not a path at all
+        shown = repr(raw)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise ConfigError(f"{name} must be a path (str or os.PathLike[str]), got {shown} ({type(raw).__name__})")
+    if not path.strip():
+        raise ConfigError(f"{name} must not be empty")
+    return path
+
+
 def _trace_output(name: str, raw: Any) -> str:
     text = _nonempty(name, raw)
     if text not in ("auto", "none") and not (text.endswith(".json") or text.endswith(".json.gz")):
@@ -308,7 +321,7 @@ class Config:
                                          "push OTLP/HTTP metrics to this URL", optional=True)
     otlp_interval: float = _setting("GPUPROBE_OTLP_INTERVAL", _seconds(86400), 5.0, "seconds between OTLP pushes")
     otlp_timeout: float = _setting("GPUPROBE_OTLP_TIMEOUT", _seconds(3600), 2.0, "seconds one OTLP push may take")
-    jsonl: str | None = _setting("GPUPROBE_JSONL", _nonempty, None,
+    jsonl: str | None = _setting("GPUPROBE_JSONL", _path, None,
                                  "write every observation to this JSON-lines file", optional=True)
     max_label_values: int = _setting("GPUPROBE_MAX_LABEL_VALUES", _int(1, 100_000), 100,
                                      "distinct values per label before new ones fold into `other`")
@@ -320,7 +333,7 @@ class Config:
                                             "dump a CUDA memory snapshot at this step", optional=True)
     snapshot_on_oom: bool = _setting("GPUPROBE_SNAPSHOT_ON_OOM", _bool, False,
                                      "dump a CUDA memory snapshot at every out-of-memory error")
-    snapshot_dir: str = _setting("GPUPROBE_SNAPSHOT_DIR", _nonempty, ".", "where triggered snapshots go")
+    snapshot_dir: str = _setting("GPUPROBE_SNAPSHOT_DIR", _path, ".", "where triggered snapshots go")
     snapshot_stacks: str = _setting(
         "GPUPROBE_SNAPSHOT_STACKS", _choice("python", "all", "none"), "python",
         "allocation stacks in triggered snapshots: python (cheap), all (C++ too, slow), none")
@@ -350,7 +363,7 @@ class Config:
         "steps a capture by signal, or by a POST without `steps=`, records")
     profile_max_steps: int = _setting("GPUPROBE_PROFILE_MAX_STEPS", _int(1), 100,
                                       "most steps a POST to the profile endpoint may ask for")
-    profile_dir: str = _setting("GPUPROBE_PROFILE_DIR", _nonempty, "gpuprobe-traces",
+    profile_dir: str = _setting("GPUPROBE_PROFILE_DIR", _path, "gpuprobe-traces",
                                 "where on-demand traces go (endpoint, signal, slow steps), made at the first "
                                 "capture; a relative folder is under the current folder")
     profile_name: str = _setting(

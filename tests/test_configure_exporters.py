@@ -127,7 +127,7 @@ def test_a_bad_meter_provider_is_a_config_error_that_changes_nothing(bad: Any, m
 def test_a_jsonl_value_that_is_not_a_path_is_a_config_error_and_creates_no_file(
         bad: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match=rf"jsonl must be a file path \(str or os.PathLike\[str\]\), got .* "
+    with pytest.raises(ConfigError, match=rf"jsonl must be a path \(str or os.PathLike\[str\]\), got .* "
                                           rf"\({type(bad).__name__}\)"):
         gpuprobe.configure(jsonl=bad)
     assert os.listdir(tmp_path) == []

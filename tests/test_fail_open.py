@@ -471,6 +471,7 @@ def _patching_sites(path: Path) -> list[str]:
 _OWN = (
     "object.__setattr__(self",  # the stand-ins' own slots
     "setattr(self._gp_inner",  # a stand-in forwards an attribute set to the element it holds
+    "setattr(self.__wrapped__",  # a probed callable object forwards an attribute set to the object it wraps
     # The sync audit's dispatcher kernels: the seam torch.sync_audit.kernels, whose guard is written out
     # (registering a kernel is torch's own API for it, not an attribute set).
     "gpuprobe/_sync_audit.py:",

@@ -74,6 +74,7 @@ GARBAGE: dict[str, list[str]] = {
     "GPUPROBE_PEAK_MEMORY_BANDWIDTH": ["0", "-1", "fast"],
     "GPUPROBE_PEAK_FLOPS": ["0", "x", "1e999"],
     "GPUPROBE_NVML": _SWITCH,
+    "GPUPROBE_LOG_INTERVAL": ["-1", "x", "0"],
     "GPUPROBE_DEVICE_EVERY": ["abc", "0", "-2"],
 }
 

@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from .._metrics import SPECS
+from ..config import SETTINGS
 from ..errors import ConfigError
 from ..runtime import Runtime
 from ._queued import Observation, PartlyWritten, QueuedSink
@@ -29,7 +30,8 @@ _CHUNK = 1 << 20
 
 
 def jsonl_path(value: Any, what: str = "jsonl") -> str:
-    """``value`` as a JSONL file path (a ``str`` or ``os.PathLike[str]``, not empty).
+    """``value`` as a JSONL file path (a ``str`` or ``os.PathLike[str]``, not empty), read as the ``jsonl``
+    setting reads it.
 
     Args:
         value: what was given for the file.
@@ -43,15 +45,7 @@ def jsonl_path(value: Any, what: str = "jsonl") -> str:
         >>> jsonl_path(Path("/tmp") / "run.jsonl")
         '/tmp/run.jsonl'
     """
-    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
-    if not isinstance(path, str):  # bytes from a PathLike, or not a path at all
-        shown = repr(value)
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise ConfigError(f"{what} must be a file path (str or os.PathLike[str]), got {shown} "
-                          f"({type(value).__name__})")
-    if not path.strip():
-        raise ConfigError(f"{what} must not be empty")
-    return path
+    return str(SETTINGS["jsonl"].parse(what, value))
 
 
 class JsonlExporter(QueuedSink):
