@@ -8,11 +8,12 @@ aggregates; :func:`build_report` computes the sections from them through the col
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gpuprobe._kernel_names import CATEGORIES, categorize_kernel, kernel_family, launch_api_kind, short_kernel_name
 from gpuprobe.errors import ConfigError
@@ -154,6 +155,7 @@ def analyze(
         except re.error as exc:
             raise ConfigError(f"bad step pattern {step_pattern!r}: {exc}") from None
     limits = parse_thresholds(thresholds if not isinstance(thresholds, str) else [thresholds])
+    small_ns = small_ns_of(small_us)
     trace = path if isinstance(path, Trace) else load(path, engine=engine)
     wants_timeline = not sections or "timeline" in sections
     scan = TraceScan(
@@ -164,12 +166,28 @@ def analyze(
     options = Options(
         top=top,
         step_pattern=step_pattern,
-        small_ns=int(round(small_us * 1000)),
+        small_ns=small_ns,
         sections=tuple(sections),
         backend=backend,
         thresholds=limits,
     )
     return build_report(scan, options, trace.path, trace.info)  # trace.info is complete once events ran out
+
+
+def small_ns_of(small_us: Any) -> int:
+    """``small_us`` in nanoseconds; ConfigError unless it is a finite number, 0 or more.
+
+    Example:
+        >>> small_ns_of(5), small_ns_of(0.5)
+        (5000, 500)
+    """
+    try:
+        ok = not isinstance(small_us, bool) and math.isfinite(small_us) and small_us >= 0
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"small_us must be a finite number of microseconds, 0 or more, not {small_us!r}")
+    return int(round(small_us * 1000))
 
 
 def build_report(scan: TraceScan, options: Options, path: str, info: TraceInfo | None = None) -> Report:
@@ -432,10 +450,12 @@ class _Sections:
             launch_count=cols.n_launches,
             launch_api_ns=cols.launch_api_total(),
             step_count=len(steps.rows),
-            warnings=self._warnings(info.skipped_events, info.notes, steps),
+            warnings=self._warnings(info.skipped_events, info.notes, steps, info.skipped_reasons),
         )
 
-    def _warnings(self, skipped: int, notes: list[str], steps: StepsSection) -> list[str]:
+    def _warnings(
+        self, skipped: int, notes: list[str], steps: StepsSection, reasons: dict[str, int] | None = None
+    ) -> list[str]:
         out: list[str] = []
         n_launches = self.cols.n_launches
         n_ops = self.cols.n_ops
@@ -462,7 +482,9 @@ class _Sections:
                     "may have been dropped"
                 )
         if skipped:
-            out.append(f"{skipped} malformed events were left out")
+            why = ", ".join(f"{n:,} {reason}" for reason, n in sorted((reasons or {}).items(), key=lambda kv: -kv[1]))
+            were = "events were" if skipped != 1 else "event was"
+            out.append(f"{skipped:,} malformed {were} left out" + (f": {why}" if why else ""))
         out.extend(notes)
         if not steps.rows:
             out.append(f"no range matched the step pattern {steps.pattern!r}; the per-step table is empty")

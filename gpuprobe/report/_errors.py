@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import stat
 
 from gpuprobe.errors import GpuprobeError
 
-__all__ = ["ReportInputError", "read_input"]
+__all__ = ["ReportInputError", "read_input", "check_file", "regular_file"]
 
 
 class ReportInputError(GpuprobeError, ValueError):
@@ -29,6 +30,53 @@ class ReportInputError(GpuprobeError, ValueError):
         super().__init__(f"{self.path}: {self.problem}")
 
 
+_KINDS = (
+    (stat.S_ISFIFO, "a pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_file(path: str, what: str = "a trace file") -> None:
+    """Nothing if ``path`` is a regular file; else the error naming what it is.
+
+    Checked before the file is opened: opening a named pipe waits for a writer (forever, if none
+    comes), and a pipe's bytes cannot be read twice (the format is sniffed from the first ones).
+
+    Example:
+        >>> check_file("/")
+        Traceback (most recent call last):
+        ...
+        gpuprobe.report._errors.ReportInputError: /: is a directory, not a trace file
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ReportInputError(path, "no such file") from None
+    except PermissionError:
+        raise ReportInputError(path, "permission denied") from None
+    except (OSError, ValueError) as exc:  # a name too long, a NUL in it
+        raise ReportInputError(path, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise ReportInputError(path, f"is a directory, not {what}")
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    raise ReportInputError(
+        path, f"{kind}, not a file: {what} is read from a file (its format is sniffed first, then it is read); "
+        "save it to a file and pass that"
+    )
+
+
+def regular_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a regular file (following links), without opening it."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def read_input(path: str, size: int = -1, what: str = "a trace file") -> bytes:
     """The first ``size`` bytes of an input file (all with -1), not empty; else the error naming the problem.
 
@@ -38,6 +86,7 @@ def read_input(path: str, size: int = -1, what: str = "a trace file") -> bytes:
         ...
         gpuprobe.report._errors.ReportInputError: no/such/file: no such file
     """
+    check_file(path, what)
     try:
         with open(path, "rb") as f:
             data = f.read(size)

@@ -4,7 +4,7 @@ itself (:class:`TraceInfo`), and exact time conversion."""
 from __future__ import annotations
 
 import dataclasses
-from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+from decimal import ROUND_HALF_EVEN, Decimal
 
 __all__ = [
     "Event",
@@ -96,6 +96,7 @@ class TraceInfo:
         devices: GPU names.
         base_time_ns: Wall-clock time (ns since the Unix epoch) of the trace clock's zero, if known.
         skipped_events: Events that were malformed and left out.
+        skipped_reasons: How many of them for each reason (``"not a JSON object"``, ...).
         correlation_by_process: Whether correlation ids are unique per process only (nsys), so
             the join of a launch and its GPU work also matches the process.
         notes: Remarks of the loader worth showing (unclosed ranges, ...).
@@ -114,11 +115,17 @@ class TraceInfo:
         self.devices: list[str] = []
         self.base_time_ns: int | None = None
         self.skipped_events = 0
+        self.skipped_reasons: dict[str, int] = {}
         self.correlation_by_process = source == "nsys"
         self.notes: list[str] = []
         self.rank: int | None = None
         self.world_size: int | None = None
         self.rank_source: str | None = None
+
+    def skip(self, reason: str) -> None:
+        """Count one event left out for ``reason``."""
+        self.skipped_events += 1
+        self.skipped_reasons[reason] = self.skipped_reasons.get(reason, 0) + 1
 
 
 class FloatText(str):
@@ -131,6 +138,10 @@ _THOUSAND = Decimal(1000)
 
 
 def _decimal_to_ns(value: Decimal) -> int:
+    # why adjusted() first: 1e999999 µs would overflow the product (decimal.Overflow), and int() of
+    # 1e999990 builds a million-digit integer; anything of 19 digits or more is out of range anyway
+    if not value.is_finite() or value.adjusted() >= 19:
+        raise ValueError(f"time out of range: {value!r}")
     ns = (value * _THOUSAND).to_integral_value(rounding=ROUND_HALF_EVEN)
     return int(ns)
 
@@ -175,22 +186,22 @@ def us_to_ns(value: object) -> int:
         else:
             try:
                 ns = _decimal_to_ns(Decimal(text))
-            except (InvalidOperation, ValueError, OverflowError) as exc:
-                raise ValueError(f"not a number: {text!r}") from exc
+            except (ArithmeticError, ValueError) as exc:  # decimal's errors are ArithmeticErrors
+                raise ValueError(f"not a number in range: {text[:40]!r}") from exc
     elif kind is Decimal:
         try:
             ns = _decimal_to_ns(value)  # type: ignore[arg-type]
-        except (InvalidOperation, ValueError, OverflowError) as exc:
-            raise ValueError(f"not a finite number: {value!r}") from exc
+        except (ArithmeticError, ValueError) as exc:
+            raise ValueError(f"not a finite number in range: {value!r}") from exc
     elif kind is float:
         try:
             ns = _decimal_to_ns(Decimal(repr(value)))
-        except (InvalidOperation, ValueError, OverflowError) as exc:
-            raise ValueError(f"not a finite number: {value!r}") from exc
+        except (ArithmeticError, ValueError) as exc:
+            raise ValueError(f"not a finite number in range: {value!r}") from exc
     else:
         raise ValueError(f"not a number: {value!r}")
     if not -LIMIT < ns < LIMIT:
-        raise ValueError(f"time out of range: {value!r}")
+        raise ValueError("time out of range")
     return ns
 
 

@@ -13,13 +13,23 @@ Three engines yield the same events:
 
 Float literals stay as their text (:class:`~gpuprobe.report._events.FloatText`) so times convert to
 nanoseconds exactly. Every engine reads the top-level keys in any order (``traceEvents`` before or
-after the metadata), and keeps one batch of events plus one buffer in memory.
+after the metadata), skips a UTF-8 byte-order mark, and keeps one batch of events plus one buffer in
+memory.
+
+Limits no real trace comes near, so that a hostile file costs bounded memory and time (each engine
+refuses past them with a :class:`TraceFormatError`): one element of ``traceEvents``, one top-level
+value or key, or one run of white space, at most :data:`MAX_VALUE_CHARS` characters of text (every
+string and key lies inside one; ijson counts bytes, and a run of white space is counted by whole
+chunks read); nesting within Python's recursion limit for json and msgspec (1,000 by default, less
+the caller's frames), at most :data:`MAX_DEPTH` levels for ijson; integers of at most Python's 4,300 digits
+(``sys.get_int_max_str_digits()``; ijson refuses any run of more digits, even in a string).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import IO, Any
@@ -42,7 +52,17 @@ from gpuprobe.report._events import (
     us_to_ns,
 )
 
-__all__ = ["iter_raw_text", "iter_raw_ijson", "to_event", "typed_decoder", "TraceFormatError", "MalformedEventError"]
+__all__ = [
+    "iter_raw_text",
+    "iter_raw_ijson",
+    "to_event",
+    "typed_decoder",
+    "TraceFormatError",
+    "MalformedEventError",
+    "DurationReadAsZero",
+    "MAX_VALUE_CHARS",
+    "MAX_DEPTH",
+]
 
 _CHUNK = 1 << 20  # why: 64 KiB to 4 MiB all scan 100 MB in 2.2-2.5 s here; 1 MiB bounds the buffer
 _WS = re.compile(r"[ \t\n\r]*")
@@ -50,6 +70,14 @@ _TAIL = 8  # a decode error this close to the buffer end may be a cut, not a fau
 _MARGIN = 1 << 16  # elements starting closer than this to the buffer end wait for the next chunk
 _BATCH = 1 << 14  # characters of elements decoded in one call at most (msgspec: 16 to 64 KiB alike)
 _MISSES = 4  # batches that failed to decode before a stream is read element by element only
+#: Characters of one element of ``traceEvents`` (or one top-level value or key) at most: 16 MiB. The
+#: largest element of the real traces in tests/data is 6.9 KB (a kernel's name and arguments), the
+#: longest string 5.1 KB; a 1 MB gzip file can hold a 1 GiB name.
+MAX_VALUE_CHARS = 16 << 20
+#: Levels of nesting inside one value at most under ijson (real traces: 8, counting from the top-level
+#: object); json and msgspec stop at Python's recursion limit (1,000 by default, less the caller's frames).
+MAX_DEPTH = 1000
+_BOM = "\ufeff"
 
 
 class TraceFormatError(Exception):
@@ -57,7 +85,42 @@ class TraceFormatError(Exception):
 
 
 class MalformedEventError(Exception):
-    """One event has a malformed time, name or thread; the loader leaves it out and counts it."""
+    """One event has a malformed time, name or thread, or is not an object; the loader leaves it out
+    and counts it under its reason (the message: a fixed phrase, no value of the event)."""
+
+
+class DurationReadAsZero(Exception):
+    """One event's duration is negative, null or missing: ``to_event(raw, clamp=True)`` reads it as
+    0 ns; the loader counts it under its reason (the message)."""
+
+
+def _too_long(where: int) -> TraceFormatError:
+    return TraceFormatError(
+        f"more than {MAX_VALUE_CHARS >> 20} MiB of text without a complete value at character {where} (one element "
+        "of traceEvents, one top-level key or value, or a run of white space): no real trace holds one; refused"
+    )
+
+
+def _int_digits() -> int:
+    """Python's limit on the digits of an integer read from text (0: none; Python 3.10.7 and later have one)."""
+    limit = getattr(sys, "get_int_max_str_digits", None)
+    return int(limit()) if limit is not None else 0
+
+
+def _value_error(exc: ValueError, where: int) -> TraceFormatError:
+    """json's ValueError that is not a JSONDecodeError: an integer past Python's digit limit."""
+    if "digits" in str(exc):
+        return TraceFormatError(
+            f"invalid JSON near character {where}: an integer of more than {_int_digits():,} "
+            "digits (Python's limit)"
+        )
+    return TraceFormatError(f"invalid JSON near character {where}: {exc}")
+
+
+def _too_deep() -> TraceFormatError:
+    return TraceFormatError(
+        f"invalid JSON: nested too deeply (past Python's recursion limit, or past {MAX_DEPTH} levels)"
+    )
 
 
 def _no_constant(name: str) -> Any:
@@ -67,7 +130,7 @@ def _no_constant(name: str) -> Any:
 class _Scanner:
     """A sliding text buffer over a stream, with positions in the whole stream for errors."""
 
-    __slots__ = ("read", "buf", "pos", "eof", "dropped", "on_chunk", "decode", "chunk")
+    __slots__ = ("read", "buf", "pos", "eof", "dropped", "on_chunk", "decode", "chunk", "blank")
 
     def __init__(self, stream: IO[str], on_chunk: Callable[[], None] | None, chunk: int = _CHUNK) -> None:
         self.read = stream.read
@@ -76,6 +139,7 @@ class _Scanner:
         self.pos = 0
         self.eof = False
         self.dropped = 0
+        self.blank = 0  # characters of the chunks read in a row that were white space only
         self.on_chunk = on_chunk
         self.decode = json.JSONDecoder(parse_float=FloatText, parse_constant=_no_constant).raw_decode
 
@@ -89,6 +153,13 @@ class _Scanner:
         if not data:
             self.eof = True
             return False
+        # a run of white space is refused past the limit, as a value is (ijson cannot tell them apart)
+        if data[0] in " \t\n\r" and data[-1] in " \t\n\r" and not data.strip(" \t\n\r"):
+            self.blank += len(data)
+            if self.blank > MAX_VALUE_CHARS:
+                raise _too_long(self.dropped + len(self.buf))
+        else:
+            self.blank = 0
         if self.pos:
             self.dropped += self.pos
             self.buf = self.buf[self.pos :] + data
@@ -125,6 +196,8 @@ class _Scanner:
                 value, end = self.decode(buf, self.pos)
             except json.JSONDecodeError as exc:
                 near_end = exc.pos >= len(buf) - _TAIL or exc.msg.startswith("Unterminated string")
+                if near_end and len(buf) - self.pos > MAX_VALUE_CHARS:
+                    raise _too_long(self.dropped + self.pos) from None
                 # why: grow geometrically so a value larger than one chunk costs O(n), not O(n^2)
                 if near_end and self.more(len(buf) - self.pos):
                     continue
@@ -132,8 +205,12 @@ class _Scanner:
                     raise TraceFormatError("truncated JSON: the file ends inside a value") from None
                 where = self.dropped + exc.pos
                 raise TraceFormatError(f"invalid JSON at character {where}: {exc.msg}") from None
+            except ValueError as exc:  # not a JSONDecodeError: an integer past Python's digit limit
+                raise _value_error(exc, self.dropped + self.pos) from None
             except RecursionError:
-                raise TraceFormatError("invalid JSON: nested too deeply") from None
+                raise _too_deep() from None
+            if end - self.pos > MAX_VALUE_CHARS:  # whole after the last (doubling) read: refused all the same
+                raise _too_long(self.dropped + self.pos)
             if end == len(buf) and self.more():
                 continue  # a number cut at the buffer end would decode as a shorter number
             self.pos = end
@@ -180,6 +257,9 @@ def iter_raw_batches(
     """
     sc = _Scanner(stream, on_chunk, chunk)
     first = sc.peek()
+    if first == _BOM and sc.pos == 0:  # a byte-order mark (Windows editors): not part of the JSON
+        sc.pos = 1
+        first = sc.peek()
     if not first:
         raise TraceFormatError("empty file")
     if first == "[":  # the JSON Array Format of the Trace Event Format: a bare list of events
@@ -247,13 +327,15 @@ def _array_batches(sc: _Scanner, typed: bool) -> Iterator[list[Any]]:
                 except typing_errors:
                     misses += 1
                     break
+                except RecursionError:
+                    raise _too_deep() from None
             else:
                 try:
                     batch, end = decode(text)
-                except json.JSONDecodeError:
+                except ValueError:  # a JSONDecodeError, or an integer past the digit limit (said below)
                     end = -1
                 except RecursionError:
-                    raise TraceFormatError("invalid JSON: nested too deeply") from None
+                    raise _too_deep() from None
                 if end != len(text):  # not whole elements, or a "}," past the end of the list
                     misses += 1
                     break
@@ -265,8 +347,10 @@ def _array_batches(sc: _Scanner, typed: bool) -> Iterator[list[Any]]:
         while pos < safe:
             try:
                 value, end = decode(buf, pos)
-            except json.JSONDecodeError:
+            except ValueError:  # the general path below says what is wrong, or reads more
                 break
+            except RecursionError:
+                raise _too_deep() from None
             after = ws(buf, end).end()  # type: ignore[union-attr]
             if after >= n:
                 break
@@ -303,10 +387,63 @@ def _expect_end(sc: _Scanner) -> None:
         raise TraceFormatError(f"invalid JSON: extra data after the trace at character {sc.dropped + sc.pos}")
 
 
+_DIGITS = b"0123456789"
+
+
+class _CountingReader:
+    """The binary stream ijson reads, counting its bytes: skips a leading byte-order mark, notes the
+    first byte that is not white space, refuses a value that grows past the limit, and refuses a run
+    of digits longer than Python's limit for integers.
+
+    ijson's C parser holds a token (a string, a key) whole before it yields an event, so a 1 GiB name
+    would be held before the loop saw it: the limit is enforced here, where the bytes come in.
+    ``mark`` is where the value being built started (set by the loop between values). Its C backend
+    (ijson 3.6) crashes the process (a segmentation fault) on an integer past the digit limit, so
+    such a run never reaches it; a run inside a string is refused too (no real trace holds one).
+    """
+
+    __slots__ = ("raw", "total", "mark", "first", "run", "long_run", "limit")
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.total = 0
+        self.mark = 0
+        self.first = b""  # the first byte that is not white space, once read
+        self.run = 0  # digits at the end of what was read so far
+        self.limit = _int_digits()
+        # why the look-behind: each run is tried from its start only, so the search is linear
+        self.long_run = re.compile(b"(?<![0-9])[0-9]{%d}" % (self.limit + 1)) if self.limit else None
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        if not self.first and data:
+            if self.total == 0 and data.startswith(b"\xef\xbb\xbf"):
+                data = data[3:] or self.raw.read(size)  # b"" would read as the end of the file
+            self.first = data.lstrip(b" \t\r\n")[:1]
+        if self.long_run is not None and data:
+            lead = len(data) - len(data.lstrip(_DIGITS))
+            found = self.long_run.search(data) if self.run + lead <= self.limit else None
+            if found is not None or self.run + lead > self.limit:
+                at = self.total + found.start() if found is not None else self.total - self.run
+                raise TraceFormatError(
+                    f"invalid JSON at byte {at}: a run of more than {self.limit:,} digits (an integer past Python's "
+                    "limit; the ijson engine refuses one even inside a string)"
+                )
+            self.run = self.run + lead if lead == len(data) else len(data) - len(data.rstrip(_DIGITS))
+        self.total += len(data)
+        if self.total - self.mark > MAX_VALUE_CHARS + len(data):
+            raise _too_long(self.mark)
+        return data
+
+
 def iter_raw_ijson(
     stream: IO[bytes], meta: dict[str, Any], on_chunk: Callable[[], None] | None = None
 ) -> Iterator[Any]:
     """Reference twin of :func:`iter_raw_text` built on ijson events.
+
+    Built on ijson's ``basic_parse`` (events without their path): ``parse`` keeps the path of every
+    open container as a string, which costs memory quadratic in the depth (a 200 KB file of nested
+    arrays took 23.7 GB), and its C backend crashes on an integer past Python's digit limit.
 
     Args:
         stream: A binary stream of the trace.
@@ -318,6 +455,7 @@ def iter_raw_ijson(
         gpuprobe.errors.MissingDependencyError: ijson is not installed.
     """
     ijson, common = _ijson()
+    reader = _CountingReader(stream)
     builder: Any = None
     depth = 0
     target: str | None = None
@@ -326,11 +464,12 @@ def iter_raw_ijson(
     key = ""
     seen = 0
     try:
-        for _prefix, event, val in ijson.parse(stream, use_float=False):
+        for event, val in ijson.basic_parse(reader, use_float=False):
             seen += 1
             if on_chunk is not None and not seen & 0xFFFF:
                 on_chunk()
             if builder is None:
+                reader.mark = reader.total
                 if not mode:
                     if event == "start_map":
                         mode = "map"
@@ -363,6 +502,8 @@ def iter_raw_ijson(
             builder.event(event, val)
             if event in ("start_map", "start_array"):
                 depth += 1
+                if depth > MAX_DEPTH:
+                    raise _too_deep()
             elif event in ("end_map", "end_array"):
                 depth -= 1
             if depth == 0:
@@ -373,15 +514,28 @@ def iter_raw_ijson(
                 builder = None
     except common.IncompleteJSONError as exc:
         if seen == 0:
-            raise TraceFormatError("empty file") from None
+            raise _nothing_read(reader) from None
         text = str(exc).strip() or "incomplete JSON"
         if "premature EOF" in text or "incomplete" in text.lower():
             raise TraceFormatError("truncated JSON: the file ends inside a value") from None
         raise TraceFormatError(f"invalid JSON: {text.splitlines()[0]}") from None
     except common.JSONError as exc:
         raise TraceFormatError(f"invalid JSON: {str(exc).strip().splitlines()[0]}") from None
+    except ValueError as exc:  # an integer past Python's digit limit
+        raise _value_error(exc, reader.mark) from None
+    except RecursionError:  # pragma: no cover - the builder is iterative; kept for other backends
+        raise _too_deep() from None
     if seen == 0:
-        raise TraceFormatError("empty file")
+        raise _nothing_read(reader)
+
+
+def _nothing_read(reader: _CountingReader) -> TraceFormatError:
+    """Why ijson gave no event: the file is empty (or white space), or does not start as JSON does."""
+    if not reader.first:
+        return TraceFormatError("empty file")
+    if reader.first in (b"{", b"["):
+        return TraceFormatError("truncated JSON: the file ends inside a value")
+    return TraceFormatError("not a trace: the top-level JSON value is not an object")
 
 
 def _ijson() -> tuple[Any, Any]:
@@ -435,7 +589,7 @@ class RawFields:
         self.cat = get("cat")
         self.name = get("name")
         self.ts = get("ts")
-        self.dur = get("dur", 0)
+        self.dur = get("dur")
         self.pid = get("pid", 0)
         self.tid = get("tid", 0)
         args = get("args")
@@ -486,7 +640,7 @@ def _build_typed(msgspec: Any) -> tuple[Callable[[str], list[Any]], tuple[type[E
     args = msgspec.defstruct(
         "Args", [(name, Any, None) for name in ArgFields.__slots__], rename={"nbytes": "bytes", "dims": "Input Dims"}
     )
-    defaults = {"dur": 0, "pid": 0, "tid": 0}
+    defaults = {"pid": 0, "tid": 0}  # a missing dur is None, as a null one: to_event counts both
     fields = [(name, args | None if name == "args" else Any, defaults.get(name)) for name in RawFields.__slots__]
     record = msgspec.defstruct("Record", fields)
     _RECORD_TYPES.add(record)
@@ -499,24 +653,43 @@ def typed_available() -> bool:
     return typed_decoder()[0] is not None
 
 
-def _times(ts: Any, dur: Any) -> tuple[int, int]:
-    """Start and duration in nanoseconds by :func:`us_to_ns`, or the event is malformed."""
+#: The reasons :func:`to_event` gives (MalformedEventError, DurationReadAsZero): fixed phrases, so that
+#: the loader counts events by reason.
+NOT_AN_OBJECT = "not a JSON object"  # the phrases follow a count: "3 not a JSON object"
+NO_NAME = "without a name"
+BAD_TIME = "with a time that is not a number in range"
+BAD_THREAD = "with a pid or tid that is neither an integer nor a string"
+NEGATIVE_DURATION = "a negative duration"
+NO_DURATION = "no duration (dur missing or null)"
+
+
+def _times(ts: Any, dur: Any, clamp: bool) -> tuple[int, int]:
+    """Start and duration in nanoseconds by :func:`us_to_ns`, or the event is malformed, or (without
+    ``clamp``) its duration is missing."""
     try:
-        return us_to_ns(ts), (us_to_ns(dur) if dur is not None else 0)
-    except ValueError as exc:  # not a finite number, or out of range
-        raise MalformedEventError(str(exc)) from None
+        start = us_to_ns(ts)
+        if dur is None:
+            if not clamp:
+                raise DurationReadAsZero(NO_DURATION)
+            return start, 0
+        return start, us_to_ns(dur)
+    except ValueError:  # not a finite number, or out of range
+        raise MalformedEventError(BAD_TIME) from None
 
 
-def to_event(raw: Any) -> Event | None:
+def to_event(raw: Any, clamp: bool = False) -> Event | None:
     """Turn one raw kineto event into an :class:`Event`, or None for events a report does not use.
 
     Args:
         raw: One element of ``traceEvents``: json's or ijson's value, or a record of
             :func:`typed_decoder`.
+        clamp: Read a negative, null or missing duration as 0 ns instead of raising
+            :class:`DurationReadAsZero` (the caller counts it, then calls again with ``clamp``).
 
     Raises:
-        MalformedEventError: A used event has a malformed time, name or thread (the caller counts
-            it as skipped).
+        MalformedEventError: An element that is not an object, or a used event with a malformed
+            time, name or thread (the caller counts it as skipped).
+        DurationReadAsZero: Without ``clamp``, a used event whose duration is negative, null or missing.
     """
     t = type(raw)
     if t is dict:
@@ -524,7 +697,7 @@ def to_event(raw: Any) -> Event | None:
             return None
         raw = RawFields(raw)
     elif t not in _RECORD_TYPES:
-        return None
+        raise MalformedEventError(NOT_AN_OBJECT)  # the Trace Event Format has objects only
     elif raw.ph != "X":
         return None
     cat = raw.cat
@@ -535,7 +708,7 @@ def to_event(raw: Any) -> Event | None:
         return None
     name = raw.name
     if type(name) is not str:
-        raise MalformedEventError("event without a name")
+        raise MalformedEventError(NO_NAME)
     # Why us_to_ns's common case inline: kineto writes both times with three decimals, and a call per
     # time costs ~0.3 s per 200 MB trace here. Dropping the one point of such a literal shifts its
     # digits exactly as us_to_ns does (0.18 µs against 0.40 µs for slicing around it); a literal with
@@ -547,19 +720,21 @@ def to_event(raw: Any) -> Event | None:
         if type(dur_raw) is FloatText and dur_raw[-4:-3] == ".":
             dur = int(dur_raw.replace(".", ""))
         else:
-            dur = us_to_ns(dur_raw) if dur_raw is not None else 0
+            dur = us_to_ns(dur_raw)  # None (no duration): a ValueError, said by _times
     except ValueError:
-        start, dur = _times(ts, dur_raw)
+        start, dur = _times(ts, dur_raw, clamp)
     if not -LIMIT < start < LIMIT:
-        raise MalformedEventError(f"time out of range: {ts!r}")
+        raise MalformedEventError(BAD_TIME)
     if dur < 0:
+        if not clamp:
+            raise DurationReadAsZero(NEGATIVE_DURATION)
         dur = 0
     if start + dur >= LIMIT:
-        raise MalformedEventError("event ends out of range")
+        raise MalformedEventError(BAD_TIME)
     pid = raw.pid
     tid = raw.tid
     if (type(pid) is not int and type(pid) is not str) or (type(tid) is not int and type(tid) is not str):
-        raise MalformedEventError("pid and tid must be integers or strings")
+        raise MalformedEventError(BAD_THREAD)
     args = raw.args
     if args is None:
         args = _NO_ARGS
@@ -662,14 +837,22 @@ def _flops(value: Any) -> int:
 
 
 def number_to_int(value: Any) -> int | None:
-    """An integer from a metadata number of either engine (int, number text or Decimal)."""
+    """An integer from a metadata number of either engine (int, number text or Decimal), within
+    ±2**62 (:data:`~gpuprobe.report._events.LIMIT`); else None.
+
+    Example:
+        >>> number_to_int(FloatText("1.7e9")), number_to_int(FloatText("1e999999")), number_to_int(10**30)
+        (1700000000, None, None)
+    """
     if type(value) is int:
-        return value
+        return value if -LIMIT < value < LIMIT else None
     try:
         if type(value) is FloatText or type(value) is Decimal:
             d = Decimal(value)
-            if d == d.to_integral_value():
-                return int(d)
+            # why adjusted() first: int() of 1e999999 builds a million-digit integer
+            if d.is_finite() and d.adjusted() < 19 and d == d.to_integral_value():
+                number = int(d)
+                return number if -LIMIT < number < LIMIT else None
     except (ArithmeticError, ValueError):
         return None
     return None

@@ -319,10 +319,31 @@ def _csv_rows(path: str, text: str) -> tuple[list[list[str]], list[str]]:
             raise ReportInputError(path, "Nsight Compute reported errors and wrote no table: " + errors[0][9:].strip())
         raise ReportInputError(path, "not an Nsight Compute CSV export: no table header starting with '\"ID\",'")
     body = [line for line in lines[start:] if not line.startswith("==")]
+    _check_whole(path, text, lines, body)
     try:
         return list(csv.reader(body)), warnings
     except csv.Error as exc:  # a NUL byte (Python < 3.11), a field over the csv module's limit
         raise ReportInputError(path, f"not a readable CSV table: {exc}") from None
+
+
+def _check_whole(path: str, text: str, lines: list[str], body: list[str]) -> None:
+    """Refuse a table cut short inside a row: ncu quotes every cell and ends every line with a line
+    break, so a last row without its closing quote, or a table row with no line break after it at the
+    end of the file, is a truncated file (whose last kernel would be read with figures missing)."""
+    rows = [line for line in body if line.strip()]
+    if not rows:
+        return
+    quoted = rows[0].rstrip().endswith('"')  # ncu's quoting (an edited file may have none)
+    last = rows[-1].rstrip()
+    cut_cell = quoted and len(rows) > 1 and not last.endswith('"')
+    cut_line = not text.endswith(("\n", "\r")) and bool(lines) and lines[-1] == rows[-1]
+    if cut_cell or cut_line:
+        where = "inside a cell" if cut_cell else "without the line break ncu ends every line with"
+        row = "header" if len(rows) == 1 else "last row"
+        raise ReportInputError(
+            path, f"truncated: the table's {row} (line {len(lines) - lines[::-1].index(rows[-1])}) ends {where}; "
+            "export it again"
+        )
 
 
 def _row_dict(header: list[str], row: list[str]) -> dict[str, str]:
@@ -360,12 +381,17 @@ def _new_kernel(path: str, cells: dict[str, str], line: int, nvtx_column: str | 
     return kernel
 
 
-def _put_raw(kernel: NcuKernel, name: str, value: str, unit: str, ranks: dict[str, int]) -> None:
+def _put_raw(
+    kernel: NcuKernel, name: str, value: str, unit: str, ranks: dict[str, int], negative: dict[str, int]
+) -> None:
     spec = _BY_RAW.get(name)
     if spec is None:
         return
     number = _number(value)
     if number is None:
+        return
+    if number < 0:  # no figure gpuprobe reads can be negative: a damaged file, counted and said
+        negative[spec.key] = negative.get(spec.key, 0) + 1
         return
     converted = _convert(spec, number, unit)
     rank = _RAW_RANK[name]
@@ -374,7 +400,7 @@ def _put_raw(kernel: NcuKernel, name: str, value: str, unit: str, ranks: dict[st
         ranks[spec.key] = rank
 
 
-def _read_raw(path: str, rows: list[list[str]]) -> list[NcuKernel]:
+def _read_raw(path: str, rows: list[list[str]], negative: dict[str, int]) -> list[NcuKernel]:
     header = rows[0]
     units: dict[str, str] = {}
     kernels = []
@@ -389,12 +415,12 @@ def _read_raw(path: str, rows: list[list[str]]) -> list[NcuKernel]:
         kernel = _new_kernel(path, cells, line, nvtx_column)
         ranks: dict[str, int] = {}
         for column, value in cells.items():
-            _put_raw(kernel, column, value, units.get(column, ""), ranks)
+            _put_raw(kernel, column, value, units.get(column, ""), ranks, negative)
         kernels.append(kernel)
     return kernels
 
 
-def _read_details(path: str, rows: list[list[str]]) -> list[NcuKernel]:
+def _read_details(path: str, rows: list[list[str]], negative: dict[str, int]) -> list[NcuKernel]:
     header = rows[0]
     nvtx_column = _PUSH_POP_COLUMN if _PUSH_POP_COLUMN in header else None
     by_id: dict[int, NcuKernel] = {}
@@ -427,14 +453,46 @@ def _read_details(path: str, rows: list[list[str]]) -> list[NcuKernel]:
         spec = _BY_DETAILS.get((section, name))
         if spec is not None:
             number = _number(value)
+            if number is not None and number < 0:
+                negative[spec.key] = negative.get(spec.key, 0) + 1
+                number = None
             converted = None if number is None else _convert(spec, number, unit)
             # a section's own figure outranks a command-line metric of the same meaning
             if converted is not None:
                 kernel.metrics[spec.key] = converted
                 ranks[kid][spec.key] = -1
         else:
-            _put_raw(kernel, name, value, unit, ranks[kid])
+            _put_raw(kernel, name, value, unit, ranks[kid], negative)
     return list(by_id.values())
+
+
+def _short_last_kernel(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A warning when the last kernel of a details page has fewer metric rows than every other: ncu
+    writes the same sections for each, so the file was likely cut at a line break."""
+    counts: dict[str, int] = {}
+    rule = header.index("Rule Name") if "Rule Name" in header else -1
+    id_at = header.index("ID")
+    for row in rows[1:]:
+        if len(row) > id_at and row[id_at].strip() and not (0 <= rule < len(row) and row[rule].strip()):
+            counts[row[id_at]] = counts.get(row[id_at], 0) + 1
+    if len(counts) < 2:
+        return []
+    *others, last = counts.items()
+    fewest = min(n for _, n in others)
+    if last[1] >= fewest:
+        return []
+    return [f"the last kernel (ID {last[0]}) has {last[1]} metric rows, the others {fewest} or more: the export may "
+            "be cut short (its figures for that kernel are incomplete)"]
+
+
+def _negative_warning(negative: dict[str, int]) -> list[str]:
+    """The warning for negative figures left out (none, or one line naming them)."""
+    if not negative:
+        return []
+    n = sum(negative.values())
+    names = ", ".join(f"{key} ({count:,})" for key, count in sorted(negative.items()))
+    return [f"{n:,} negative figure{'s' if n != 1 else ''} left out ({names}): ncu writes none, so the export is "
+            "damaged or edited"]
 
 
 def _read_csv_text(path: str, text: str) -> NcuExport:
@@ -443,7 +501,11 @@ def _read_csv_text(path: str, text: str) -> NcuExport:
     if "ID" not in header or not any(c in header for c in _NAME_COLUMNS):
         raise ReportInputError(path, "not an Nsight Compute CSV export: the table has no 'Kernel Name' column")
     details = "Metric Name" in header and "Metric Value" in header
-    kernels = _read_details(path, rows) if details else _read_raw(path, rows)
+    negative: dict[str, int] = {}
+    kernels = _read_details(path, rows, negative) if details else _read_raw(path, rows, negative)
+    warnings.extend(_negative_warning(negative))
+    if details:
+        warnings.extend(_short_last_kernel(header, rows))
     if not kernels:
         raise ReportInputError(path, "an Nsight Compute CSV export with no kernel rows (no kernel was profiled)")
     return NcuExport(
@@ -473,9 +535,10 @@ def _read_with_module(path: str, module: Any) -> NcuExport:
     Metrics and NVTX push/pop ranges only (no payloads, no rule results: ``ncu --import FILE --csv
     --page details`` has those).
     """
+    negative: dict[str, int] = {}
     try:
         context = module.load_report(path)
-        kernels = []
+        kernels: list[NcuKernel] = []
         has_nvtx = False
         for r in range(context.num_ranges()):
             rng = context.range_by_idx(r)
@@ -487,7 +550,7 @@ def _read_with_module(path: str, module: Any) -> NcuExport:
                     if name in _BY_RAW:
                         metric = action.metric_by_name(name)
                         unit = metric.unit() if hasattr(metric, "unit") else ""
-                        _put_raw(kernel, name, str(metric.as_double()), str(unit), ranks)
+                        _put_raw(kernel, name, str(metric.as_double()), str(unit), ranks, negative)
                 state = action.nvtx_state()
                 if state is not None:
                     for domain_id in state.domains():
@@ -501,7 +564,7 @@ def _read_with_module(path: str, module: Any) -> NcuExport:
     if not kernels:
         raise ReportInputError(path, "an Nsight Compute report with no kernel results")
     warnings = ["read through ncu_report: no rule results and no NVTX payloads (ncu --import FILE --csv "
-                "--page details has the rules)"]
+                "--page details has the rules)"] + _negative_warning(negative)
     return NcuExport(path=path, page="raw", kernels=kernels, has_nvtx=has_nvtx, warnings=warnings)
 
 

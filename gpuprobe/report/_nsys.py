@@ -15,18 +15,28 @@ store raw bytes in text columns (a protobuf blob in ``TARGET_INFO_SYSTEM_ENV.val
 environment, a name cut inside a multi-byte character), so text is decoded with U+FFFD for what is
 not UTF-8, and an ancillary table or column that is missing, unreadable, NULL or undecodable
 becomes a warning in ``TraceInfo.notes``, never an error.
+
+A hostile file costs bounded time and memory (:func:`open_export`, :func:`iter_events`): the
+export is opened read-only; every table read must be a plain table of stored columns (a view, a
+virtual table or a generated column would run code of the file's choosing: a 4 KB file with a
+recursive view spins forever) or the export is refused; so a row costs what its stored bytes cost,
+and one text or BLOB value may hold :data:`MAX_VALUE_BYTES` at most (a row read holds ten values at
+most); the whole read may cost :data:`STEPS_PER_BYTE` SQLite steps per byte of the file (at least
+:data:`MIN_STEPS`), which bounds its time by the file's size whatever the tables hold.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
+import urllib.parse
 from collections.abc import Callable, Iterator
 
 from gpuprobe._kernel_names import strip_api_version
 from gpuprobe.report._events import KERNEL, LIMIT, MEMCPY, MEMSET, RANGE, RUNTIME, Event, TraceInfo, int_or
 
-__all__ = ["iter_events", "NsysFormatError"]
+__all__ = ["iter_events", "NsysFormatError", "open_export", "MAX_VALUE_BYTES", "STEPS_PER_BYTE", "MIN_STEPS"]
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -61,10 +71,111 @@ _MEMORY_KIND = {
     6: "Managed Static",
 }
 _SCHEMA = "the schema (table and column names)"
+#: Every table a report reads: each must be a plain table of stored columns.
+_READ_TABLES = _ACTIVITY_TABLES + (
+    "StringIds",
+    "TARGET_INFO_SESSION_START_TIME",
+    "TARGET_INFO_GPU",
+    "TARGET_INFO_CUDA_DEVICE",
+    "TARGET_INFO_SYSTEM_ENV",
+    "ENUM_CUDA_MEMCPY_OPER",
+    "ENUM_CUDA_MEM_KIND",
+)
+#: Bytes of one text or BLOB value at most (SQLite's length limit on the connection): 4 MiB. The
+#: longest value of the real exports in tests/data is 97 KB (the environment nsys recorded, which
+#: Linux caps at about 2 MiB).
+MAX_VALUE_BYTES = 4 << 20
+#: SQLite virtual-machine steps the whole read may cost per byte of the file (the real exports in
+#: tests/data: 0.12 or less), and at least MIN_STEPS (about 10 s): reading plain tables is linear in
+#: their size, so only a file built to be slow (a name table without its key, looked up once per
+#: name) comes near.
+STEPS_PER_BYTE = 200
+MIN_STEPS = 1_000_000_000
+_TICK = 10_000  # steps between two calls of the progress handler
+_NO_SPAN = "without integer start and end times in range and in order"
 
 
 class NsysFormatError(Exception):
     """The database is not a usable Nsight Systems export; the message says why."""
+
+
+def open_export(path: str) -> sqlite3.Connection:
+    """A read-only connection to an export, with a value length limit and untrusted schema.
+
+    Raises:
+        sqlite3.Error: It cannot be opened.
+    """
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    con = sqlite3.connect(uri, uri=True)
+    try:
+        setlimit = getattr(con, "setlimit", None)  # Python 3.11 and later; before, a value is bounded by the file
+        if setlimit is not None:
+            setlimit(getattr(sqlite3, "SQLITE_LIMIT_LENGTH", 0), MAX_VALUE_BYTES)
+        con.execute("PRAGMA query_only = ON")
+        con.execute("PRAGMA trusted_schema = OFF")  # no function of the schema's choosing (SQLite >= 3.31)
+    except sqlite3.Error:
+        con.close()
+        raise
+    return con
+
+
+class _Budget:
+    """The progress handler of a read: stops SQLite past the steps the file's size allows;
+    ``exceeded`` then says so."""
+
+    __slots__ = ("ticks", "max_ticks", "exceeded")
+
+    def __init__(self, con: sqlite3.Connection) -> None:
+        pages = con.execute("PRAGMA page_count").fetchone()[0]
+        size = pages * con.execute("PRAGMA page_size").fetchone()[0]
+        self.ticks = 0
+        self.max_ticks = max(MIN_STEPS, STEPS_PER_BYTE * size) // _TICK
+        self.exceeded = ""
+
+    def __call__(self) -> int:
+        self.ticks += 1
+        if self.ticks > self.max_ticks:
+            self.exceeded = f"reading it costs SQLite more than {self.max_ticks * _TICK:,} steps"
+            return 1
+        return 0
+
+    def error(self, exc: sqlite3.Error, where: str) -> Exception:
+        """The error to raise for a failed query: what the budget or the length limit stopped, or ``exc``."""
+        if self.exceeded:
+            return NsysFormatError(f"{self.exceeded} ({where}), far more than its size explains: refused")
+        if "too big" in str(exc):
+            return NsysFormatError(
+                f"a value longer than {MAX_VALUE_BYTES >> 20} MiB ({where}), far more than any real export holds: refused"
+            )
+        return exc
+
+
+def _plain_tables(con: sqlite3.Connection) -> set[str]:
+    """The tables of the export; NsysFormatError if one a report reads is a view, a virtual table or
+    has a generated column (reading those runs SQL of the file's choosing)."""
+    tables = set()
+    read = {name.lower(): name for name in _READ_TABLES}
+    for kind, name, sql in con.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'view')"):
+        if not isinstance(name, str):
+            continue
+        wanted = read.get(name.lower())
+        if wanted is not None:
+            if kind == "view":
+                raise NsysFormatError(
+                    f"{wanted} is a view, not a table: an Nsight Systems export holds plain tables only, and a view "
+                    "runs a query of the file's choosing; refused"
+                )
+            if isinstance(sql, str) and sql.lstrip()[:20].upper().replace(" ", "").startswith("CREATEVIRTUAL"):
+                raise NsysFormatError(f"{wanted} is a virtual table, not a plain table: refused")
+            for row in con.execute(f'PRAGMA table_xinfo("{name}")'):
+                if row[6] in (2, 3):  # hidden: 2 a virtual generated column, 3 a stored one
+                    raise NsysFormatError(
+                        f"column {row[1]} of table {wanted} is generated (computed by an expression), not stored: "
+                        "refused"
+                    )
+        if kind == "table":
+            tables.add(name)
+    return tables
 
 
 class _Text:
@@ -113,10 +224,6 @@ class _Text:
         ]
 
 
-def _tables(con: sqlite3.Connection) -> set[str]:
-    return {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
-
-
 def _columns(con: sqlite3.Connection, table: str) -> set[str]:
     return {row[1] for row in con.execute(f'PRAGMA table_info("{table}")')}
 
@@ -146,10 +253,17 @@ def _span(start: object, end: object) -> bool:
 def kernel_processes(con: sqlite3.Connection) -> list[int]:
     """The process ids of the export's kernels, sorted ([] without a kernel table)."""
     con.text_factory = _Text()
-    tables = _tables(con)
+    tables = _plain_tables(con)
     if KERNEL_TABLE not in tables or "globalPid" not in _columns(con, KERNEL_TABLE):
         return []
-    return sorted({_pid(g) for (g,) in con.execute(f"SELECT DISTINCT globalPid FROM {KERNEL_TABLE}")})
+    budget = _Budget(con)
+    con.set_progress_handler(budget, _TICK)
+    try:
+        return sorted({_pid(g) for (g,) in con.execute(f"SELECT DISTINCT globalPid FROM {KERNEL_TABLE}")})
+    except sqlite3.Error as exc:
+        raise budget.error(exc, f"the processes of {KERNEL_TABLE}") from None
+    finally:
+        con.set_progress_handler(None, 0)
 
 
 def iter_events(
@@ -173,211 +287,225 @@ def iter_events(
             environment's ``RANK`` is then not the process's and is not read.
 
     Raises:
-        NsysFormatError: No nsys activity table, or an activity table without ``start`` or ``end``.
+        NsysFormatError: No nsys activity table, an activity table without ``start`` or ``end``, a
+            table read that is not a plain table of stored columns, a value longer than
+            :data:`MAX_VALUE_BYTES`, or a read costing more steps than the file's size allows.
     """
     text = _Text()
     factory = con.text_factory
     con.text_factory = text
+    budget = _Budget(con)
+    con.set_progress_handler(budget, _TICK)
     try:
-        tables = _tables(con)
-        present = [t for t in _ACTIVITY_TABLES if t in tables]
-        if not present:
-            raise NsysFormatError(
-                "not an Nsight Systems export: none of the tables " + ", ".join(_ACTIVITY_TABLES) + " exist"
-            )
-        cols = {t: _columns(con, t) for t in present}
-        for table in present:
-            missing = {"start", "end"} - cols[table]
-            if missing:
-                raise NsysFormatError(f"table {table} lacks column {sorted(missing)[0]}")
-        notes = info.notes
-        strings = _usable_strings(con, tables)
-        uses_strings = KERNEL_TABLE in tables or RUNTIME_TABLE in tables or "textId" in cols.get(NVTX_TABLE, ())
-        if strings is not None and uses_strings:
-            notes.append(
-                f"{strings}: the names of kernels and API calls are unknown, so no call counts as a launch"
-            )
-        names_known = strings is None
-        if KERNEL_TABLE not in tables:
-            notes.append(f"no {KERNEL_TABLE} table: the export holds no kernel records")
-        _read_target_info(con, tables, info, text)
-        if process is not None:
-            info.rank = info.rank_source = None
-
-        total = 0
-        if progress is not None:
-            for table in present:
-                total += con.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0]
-        done = 0
-
-        def rows(sql: str) -> Iterator[tuple]:
-            nonlocal done
-            for row in con.execute(sql):
-                yield row
-                done += 1
-                if progress is not None and not done & 0xFFFF:
-                    progress(done, total)
-
-        if NVTX_TABLE in tables:
-            c = cols[NVTX_TABLE]
-            if "eventType" not in c:
-                notes.append(
-                    f"table {NVTX_TABLE} lacks column eventType (range or mark): its NVTX ranges are left out"
-                )
-            else:
-                if "text" not in c and "textId" not in c:
-                    notes.append(
-                        f"table {NVTX_TABLE} lacks columns text and textId: NVTX ranges are named '(unnamed)'"
-                    )
-                text_id = "s.value" if "textId" in c and names_known else "NULL"
-                join = "LEFT JOIN StringIds s ON s.id = n.textId" if text_id != "NULL" else ""
-                sql = (
-                    f"SELECT n.start, n.end, {_col(c, 'text', 'n.')}, {text_id}, {_col(c, 'globalTid', 'n.')} "
-                    f"FROM {NVTX_TABLE} n {join} WHERE n.eventType IN ({_NVTX_PUSH_POP}, {_NVTX_START_END})"
-                    + _only(process, _col(c, "globalTid", "n."), " AND ")
-                )
-                text.where = f"NVTX range names ({NVTX_TABLE}.text, StringIds.value)"
-                unclosed = unnamed = 0
-                for start, end, label, label2, gtid in rows(sql):
-                    if not _span(start, end):
-                        unclosed += 1
-                        continue
-                    if type(label) is str:
-                        name = label
-                    elif type(label2) is str:
-                        name = label2
-                    else:
-                        name = text.other(label) or text.other(label2)  # type: ignore[assignment]
-                        if name is None:
-                            unnamed += 1
-                            name = "(unnamed)"
-                    yield Event(RANGE, name, start, end - start, _pid(gtid), _tid(gtid))
-                if unclosed:
-                    notes.append(f"{unclosed} NVTX ranges without a valid end were left out")
-                if unnamed and ("text" in c or "textId" in c):
-                    notes.append(
-                        f"{unnamed:,} NVTX ranges have no text ({NVTX_TABLE}.text and textId NULL or not in "
-                        "StringIds): named '(unnamed)'"
-                    )
-
-        if RUNTIME_TABLE in tables:
-            c = cols[RUNTIME_TABLE]
-            named = names_known and "nameId" in c
-            if "nameId" not in c:
-                notes.append(
-                    f"table {RUNTIME_TABLE} lacks column nameId: API names are unknown, so no call counts as a launch"
-                )
-            sql = (
-                f"SELECT r.start, r.end, {_col(c, 'correlationId', 'r.')}, {_col(c, 'globalTid', 'r.')}, "
-                + ("r.nameId " if named else "NULL ")
-                + f"FROM {RUNTIME_TABLE} r"
-                + _only(process, _col(c, "globalTid", "r."))
-            )
-            text.where = f"API names (StringIds.value of {RUNTIME_TABLE}.nameId)"
-            unnamed = 0
-            apis: dict[object, str] = {}  # nameId -> API name without its version suffix; "" if none
-            for start, end, corr, gtid, name_id in rows(sql):
-                if not _span(start, end):
-                    info.skipped_events += 1
-                    continue
-                name = apis.get(name_id)
-                if not name:
-                    if name is None:
-                        found = _string(con, text, name_id) if named else None
-                        name = apis[name_id] = strip_api_version(found) if found else ""
-                    if not name:
-                        unnamed += 1
-                        name = "(unknown API)"
-                yield Event(RUNTIME, name, start, end - start, _pid(gtid), _tid(gtid), int_or(corr))
-            if unnamed and named:
-                notes.append(
-                    f"{unnamed:,} API calls have no name ({RUNTIME_TABLE}.nameId NULL or not in StringIds): shown as "
-                    "'(unknown API)' and not counted as launches"
-                )
-
-        if KERNEL_TABLE in tables:
-            c = cols[KERNEL_TABLE]
-            name_col = next((n for n in ("demangledName", "shortName", "mangledName") if n in c), None)
-            if name_col is None:
-                notes.append(
-                    f"table {KERNEL_TABLE} lacks a name column (demangledName, shortName or mangledName): kernel names "
-                    "are unknown"
-                )
-            named = names_known and name_col is not None
-            sql = (
-                f"SELECT k.start, k.end, {_col(c, 'correlationId', 'k.')}, {_col(c, 'globalPid', 'k.')}, "
-                f"{_col(c, 'deviceId', 'k.')}, {_col(c, 'streamId', 'k.')}, "
-                + (f"k.{name_col} " if named else "NULL ")
-                + f"FROM {KERNEL_TABLE} k"
-                + _only(process, _col(c, "globalPid", "k."))
-            )
-            text.where = f"kernel names (StringIds.value of {KERNEL_TABLE}.{name_col})"
-            unnamed = 0
-            kernels: dict[object, str] = {}  # name id -> kernel name; "" if none
-            for start, end, corr, gpid, device, stream, name_id in rows(sql):
-                if not _span(start, end):
-                    info.skipped_events += 1
-                    continue
-                name = kernels.get(name_id)
-                if not name:
-                    if name is None:
-                        name = kernels[name_id] = (_string(con, text, name_id) if named else None) or ""
-                    if not name:
-                        unnamed += 1
-                        name = "(unnamed kernel)"
-                stream = int_or(stream)
-                device = int_or(device)
-                # positional, in Event's field order, as in _kineto.to_event; nbytes -1: unknown
-                yield Event(KERNEL, name, start, end - start, _pid(gpid), stream, int_or(corr), -1, stream, device)
-            if unnamed and named:
-                notes.append(
-                    f"{unnamed:,} kernels have no name ({KERNEL_TABLE}.{name_col} NULL or not in StringIds): named "
-                    "'(unnamed kernel)'"
-                )
-
-        directions = dict(_COPY_KIND)
-        memory_kinds = dict(_MEMORY_KIND)
-        if MEMCPY_TABLE in tables:
-            _read_labels(con, tables, text, notes, directions, memory_kinds)
-        text.where = _SCHEMA
-        for table, kind in ((MEMCPY_TABLE, MEMCPY), (MEMSET_TABLE, MEMSET)):
-            if table not in tables:
-                continue
-            c = cols[table]
-            sql = (
-                f"SELECT start, end, {_col(c, 'correlationId')}, {_col(c, 'globalPid')}, {_col(c, 'deviceId')}, "
-                f"{_col(c, 'streamId')}, {_col(c, 'bytes')}, {_col(c, 'copyKind')}, {_col(c, 'srcKind')}, "
-                f"{_col(c, 'dstKind')} FROM {table}" + _only(process, _col(c, "globalPid"))
-            )
-            for start, end, corr, gpid, device, stream, nbytes, copy_kind, src_kind, dst_kind in rows(sql):
-                if not _span(start, end):
-                    info.skipped_events += 1
-                    continue
-                stream = int_or(stream)
-                if kind == MEMCPY:
-                    direction = directions.get(copy_kind, "unknown")  # type: ignore[arg-type]
-                    src, dst = memory_kinds.get(src_kind), memory_kinds.get(dst_kind)  # type: ignore[arg-type]
-                    # named as kineto names copies, "Memcpy HtoD (Pageable -> Device)", where the kinds are known
-                    name = f"Memcpy {direction} ({src} -> {dst})" if src and dst else f"Memcpy {direction}"
-                else:
-                    direction = ""
-                    name = "Memset"
-                yield Event(
-                    kind,
-                    name,
-                    start,
-                    end - start,
-                    _pid(gpid),
-                    stream,
-                    int_or(corr),
-                    int_or(nbytes),
-                    stream,
-                    int_or(device),
-                    direction,
-                )
-        info.notes.extend(text.notes())
+        yield from _events(con, info, progress, process, text)
+    except sqlite3.Error as exc:
+        raise budget.error(exc, text.where) from None
     finally:
         con.text_factory = factory
+        con.set_progress_handler(None, 0)
+
+
+def _events(
+    con: sqlite3.Connection, info: TraceInfo, progress: Callable[[int, int], None] | None, process: int | None,
+    text: _Text,
+) -> Iterator[Event]:
+    tables = _plain_tables(con)
+    present = [t for t in _ACTIVITY_TABLES if t in tables]
+    if not present:
+        raise NsysFormatError(
+            "not an Nsight Systems export: none of the tables " + ", ".join(_ACTIVITY_TABLES) + " exist"
+        )
+    cols = {t: _columns(con, t) for t in present}
+    for table in present:
+        missing = {"start", "end"} - cols[table]
+        if missing:
+            raise NsysFormatError(f"table {table} lacks column {sorted(missing)[0]}")
+    notes = info.notes
+    strings = _usable_strings(con, tables)
+    uses_strings = KERNEL_TABLE in tables or RUNTIME_TABLE in tables or "textId" in cols.get(NVTX_TABLE, ())
+    if strings is not None and uses_strings:
+        notes.append(
+            f"{strings}: the names of kernels and API calls are unknown, so no call counts as a launch"
+        )
+    names_known = strings is None
+    if KERNEL_TABLE not in tables:
+        notes.append(f"no {KERNEL_TABLE} table: the export holds no kernel records")
+    _read_target_info(con, tables, info, text)
+    if process is not None:
+        info.rank = info.rank_source = None
+
+    total = 0
+    if progress is not None:
+        for table in present:
+            total += con.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0]
+    done = 0
+
+    def rows(sql: str) -> Iterator[tuple]:
+        nonlocal done
+        for row in con.execute(sql):
+            yield row
+            done += 1
+            if progress is not None and not done & 0xFFFF:
+                progress(done, total)
+
+    if NVTX_TABLE in tables:
+        c = cols[NVTX_TABLE]
+        if "eventType" not in c:
+            notes.append(
+                f"table {NVTX_TABLE} lacks column eventType (range or mark): its NVTX ranges are left out"
+            )
+        else:
+            if "text" not in c and "textId" not in c:
+                notes.append(
+                    f"table {NVTX_TABLE} lacks columns text and textId: NVTX ranges are named '(unnamed)'"
+                )
+            text_id = "s.value" if "textId" in c and names_known else "NULL"
+            join = "LEFT JOIN StringIds s ON s.id = n.textId" if text_id != "NULL" else ""
+            sql = (
+                f"SELECT n.start, n.end, {_col(c, 'text', 'n.')}, {text_id}, {_col(c, 'globalTid', 'n.')} "
+                f"FROM {NVTX_TABLE} n {join} WHERE n.eventType IN ({_NVTX_PUSH_POP}, {_NVTX_START_END})"
+                + _only(process, _col(c, "globalTid", "n."), " AND ")
+            )
+            text.where = f"NVTX range names ({NVTX_TABLE}.text, StringIds.value)"
+            unclosed = unnamed = 0
+            for start, end, label, label2, gtid in rows(sql):
+                if not _span(start, end):
+                    unclosed += 1
+                    continue
+                if type(label) is str:
+                    name = label
+                elif type(label2) is str:
+                    name = label2
+                else:
+                    name = text.other(label) or text.other(label2)  # type: ignore[assignment]
+                    if name is None:
+                        unnamed += 1
+                        name = "(unnamed)"
+                yield Event(RANGE, name, start, end - start, _pid(gtid), _tid(gtid))
+            if unclosed:
+                notes.append(f"{unclosed} NVTX ranges without a valid end were left out")
+            if unnamed and ("text" in c or "textId" in c):
+                notes.append(
+                    f"{unnamed:,} NVTX ranges have no text ({NVTX_TABLE}.text and textId NULL or not in "
+                    "StringIds): named '(unnamed)'"
+                )
+
+    if RUNTIME_TABLE in tables:
+        c = cols[RUNTIME_TABLE]
+        named = names_known and "nameId" in c
+        if "nameId" not in c:
+            notes.append(
+                f"table {RUNTIME_TABLE} lacks column nameId: API names are unknown, so no call counts as a launch"
+            )
+        sql = (
+            f"SELECT r.start, r.end, {_col(c, 'correlationId', 'r.')}, {_col(c, 'globalTid', 'r.')}, "
+            + ("r.nameId " if named else "NULL ")
+            + f"FROM {RUNTIME_TABLE} r"
+            + _only(process, _col(c, "globalTid", "r."))
+        )
+        text.where = f"API names (StringIds.value of {RUNTIME_TABLE}.nameId)"
+        unnamed = 0
+        apis: dict[object, str] = {}  # nameId -> API name without its version suffix; "" if none
+        for start, end, corr, gtid, name_id in rows(sql):
+            if not _span(start, end):
+                info.skip(_NO_SPAN)
+                continue
+            name = apis.get(name_id)
+            if not name:
+                if name is None:
+                    found = _string(con, text, name_id) if named else None
+                    name = apis[name_id] = strip_api_version(found) if found else ""
+                if not name:
+                    unnamed += 1
+                    name = "(unknown API)"
+            yield Event(RUNTIME, name, start, end - start, _pid(gtid), _tid(gtid), int_or(corr))
+        if unnamed and named:
+            notes.append(
+                f"{unnamed:,} API calls have no name ({RUNTIME_TABLE}.nameId NULL or not in StringIds): shown as "
+                "'(unknown API)' and not counted as launches"
+            )
+
+    if KERNEL_TABLE in tables:
+        c = cols[KERNEL_TABLE]
+        name_col = next((n for n in ("demangledName", "shortName", "mangledName") if n in c), None)
+        if name_col is None:
+            notes.append(
+                f"table {KERNEL_TABLE} lacks a name column (demangledName, shortName or mangledName): kernel names "
+                "are unknown"
+            )
+        named = names_known and name_col is not None
+        sql = (
+            f"SELECT k.start, k.end, {_col(c, 'correlationId', 'k.')}, {_col(c, 'globalPid', 'k.')}, "
+            f"{_col(c, 'deviceId', 'k.')}, {_col(c, 'streamId', 'k.')}, "
+            + (f"k.{name_col} " if named else "NULL ")
+            + f"FROM {KERNEL_TABLE} k"
+            + _only(process, _col(c, "globalPid", "k."))
+        )
+        text.where = f"kernel names (StringIds.value of {KERNEL_TABLE}.{name_col})"
+        unnamed = 0
+        kernels: dict[object, str] = {}  # name id -> kernel name; "" if none
+        for start, end, corr, gpid, device, stream, name_id in rows(sql):
+            if not _span(start, end):
+                info.skip(_NO_SPAN)
+                continue
+            name = kernels.get(name_id)
+            if not name:
+                if name is None:
+                    name = kernels[name_id] = (_string(con, text, name_id) if named else None) or ""
+                if not name:
+                    unnamed += 1
+                    name = "(unnamed kernel)"
+            stream = int_or(stream)
+            device = int_or(device)
+            # positional, in Event's field order, as in _kineto.to_event; nbytes -1: unknown
+            yield Event(KERNEL, name, start, end - start, _pid(gpid), stream, int_or(corr), -1, stream, device)
+        if unnamed and named:
+            notes.append(
+                f"{unnamed:,} kernels have no name ({KERNEL_TABLE}.{name_col} NULL or not in StringIds): named "
+                "'(unnamed kernel)'"
+            )
+
+    directions = dict(_COPY_KIND)
+    memory_kinds = dict(_MEMORY_KIND)
+    if MEMCPY_TABLE in tables:
+        _read_labels(con, tables, text, notes, directions, memory_kinds)
+    text.where = _SCHEMA
+    for table, kind in ((MEMCPY_TABLE, MEMCPY), (MEMSET_TABLE, MEMSET)):
+        if table not in tables:
+            continue
+        c = cols[table]
+        sql = (
+            f"SELECT start, end, {_col(c, 'correlationId')}, {_col(c, 'globalPid')}, {_col(c, 'deviceId')}, "
+            f"{_col(c, 'streamId')}, {_col(c, 'bytes')}, {_col(c, 'copyKind')}, {_col(c, 'srcKind')}, "
+            f"{_col(c, 'dstKind')} FROM {table}" + _only(process, _col(c, "globalPid"))
+        )
+        for start, end, corr, gpid, device, stream, nbytes, copy_kind, src_kind, dst_kind in rows(sql):
+            if not _span(start, end):
+                info.skip(_NO_SPAN)
+                continue
+            stream = int_or(stream)
+            if kind == MEMCPY:
+                direction = directions.get(copy_kind, "unknown")  # type: ignore[arg-type]
+                src, dst = memory_kinds.get(src_kind), memory_kinds.get(dst_kind)  # type: ignore[arg-type]
+                # named as kineto names copies, "Memcpy HtoD (Pageable -> Device)", where the kinds are known
+                name = f"Memcpy {direction} ({src} -> {dst})" if src and dst else f"Memcpy {direction}"
+            else:
+                direction = ""
+                name = "Memset"
+            yield Event(
+                kind,
+                name,
+                start,
+                end - start,
+                _pid(gpid),
+                stream,
+                int_or(corr),
+                int_or(nbytes),
+                stream,
+                int_or(device),
+                direction,
+            )
+    info.notes.extend(text.notes())
 
 
 def _string(con: sqlite3.Connection, text: _Text, string_id: object) -> str | None:
@@ -415,6 +543,8 @@ def _ancillary(con: sqlite3.Connection, notes: list[str], table: str, columns: s
     try:
         return con.execute(f"SELECT {columns} FROM {table}").fetchall()
     except sqlite3.Error as exc:
+        if "interrupted" in str(exc):  # the read's budget is spent: the whole read stops (iter_events says why)
+            raise
         notes.append(f"table {table} cannot be read ({exc}): {lost}")
         return []
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shlex
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from gpuprobe._files import write_file_atomic
 from gpuprobe.errors import ConfigError, MissingDependencyError
@@ -77,6 +78,23 @@ class _Progress:
         if self.drawn:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (the option and the problem) instead of the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def _small_us(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of microseconds, 0 or more, not {text!r}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -243,7 +261,7 @@ def main_report(argv: list[str]) -> int:
         >>> main_report(["tests/data/kineto_min.json", "--format", "md", "--sections", "kernels"])  # doctest: +SKIP
         0
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpuprobe report",
         description="Report on a PyTorch profiler trace (.json, .json.gz), an Nsight Systems SQLite export or an "
         "Nsight Compute export (CSV of --page raw or details, .ncu-rep).",
@@ -276,7 +294,7 @@ def main_report(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--small-us",
-        type=float,
+        type=_small_us,
         default=5.0,
         metavar="US",
         help="kernels with a mean below this are small operations (default: 5)",
@@ -434,7 +452,7 @@ def main_diff(argv: list[str]) -> int:
         ...            "--tokens-a", "64", "--tokens-b", "64"])
         0
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpuprobe diff",
         description="Compare two traces by category, kernel family, range, memory operations and CPU operators.",
     )

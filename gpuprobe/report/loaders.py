@@ -13,15 +13,15 @@ import gzip
 import io
 import os
 import sqlite3
-import urllib.parse
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpuprobe.errors import ConfigError
-from gpuprobe.report._errors import ReportInputError, read_input
+from gpuprobe.report._errors import ReportInputError, read_input, regular_file
 from gpuprobe.report._events import Event, TraceInfo
 from gpuprobe.report._kineto import (
+    DurationReadAsZero,
     MalformedEventError,
     TraceFormatError,
     iter_raw_ijson,
@@ -31,7 +31,7 @@ from gpuprobe.report._kineto import (
     typed_available,
 )
 from gpuprobe.report._ncu import SNIFF_BYTES, sniff as sniff_ncu
-from gpuprobe.report._nsys import NsysFormatError, iter_events as iter_nsys_events, kernel_processes
+from gpuprobe.report._nsys import NsysFormatError, iter_events as iter_nsys_events, kernel_processes, open_export
 
 __all__ = ["Trace", "TraceInfo", "load", "ncu_format", "ENGINES"]
 
@@ -101,17 +101,18 @@ class Trace:
                 else:
                     text = io.TextIOWrapper(binary, encoding="utf-8", errors="strict", newline="")
                     batches = iter_raw_batches(text, meta, on_chunk, typed=self.engine == "msgspec")
-                skipped = 0
+                zeroed: dict[str, int] = {}
                 for batch in batches:
                     for item in batch:
                         try:
                             event = to_event(item)
-                        except MalformedEventError:
-                            skipped += 1
-                            continue
+                        except (MalformedEventError, DurationReadAsZero) as exc:  # rare: counted, said
+                            event = _counted(item, exc, info, zeroed)
                         if event is not None:
                             yield event
-                info.skipped_events = skipped
+                info.notes.extend(
+                    f"{n:,} event{'s have' if n != 1 else ' has'} {reason}: read as 0 ns" for reason, n in zeroed.items()
+                )
             except TraceFormatError as exc:
                 raise self._fail(str(exc)) from None
             except EOFError:
@@ -126,21 +127,28 @@ class Trace:
             if "traceEvents" in meta:
                 raise self._fail("not a kineto trace: 'traceEvents' is not a list")
             raise self._fail("not a kineto trace: no 'traceEvents' list")
-        info.base_time_ns = number_to_int(meta.get("baseTimeNanoseconds"))
+        info.base_time_ns = self._metadata_int(meta, "baseTimeNanoseconds")
         dist = meta.get("distributedInfo")
         if isinstance(dist, dict):
-            info.rank = number_to_int(dist.get("rank"))
-            info.world_size = number_to_int(dist.get("world_size"))
+            info.rank = self._metadata_int(dist, "rank", "distributedInfo.")
+            info.world_size = self._metadata_int(dist, "world_size", "distributedInfo.")
             if info.rank is not None:
                 info.rank_source = "distributedInfo.rank"
         devices = meta.get("deviceProperties")
         if isinstance(devices, list):
             info.devices = [str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name")]
 
+    def _metadata_int(self, meta: dict[str, Any], key: str, prefix: str = "") -> int | None:
+        """An integer of the trace's metadata, or None; a note when it is there but is not one."""
+        value = meta.get(key)
+        number = number_to_int(value)
+        if number is None and value is not None:
+            self.info.notes.append(f"{prefix}{key} is not an integer within ±2**62: ignored")
+        return number
+
     def _nsys_events(self, progress: Progress | None) -> Iterator[Event]:
-        uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
         try:
-            con = sqlite3.connect(uri, uri=True)
+            con = open_export(self.path)
         except sqlite3.Error as exc:
             raise self._fail(f"cannot open as SQLite: {exc}") from None
         with contextlib.closing(con):
@@ -150,6 +158,22 @@ class Trace:
                 raise self._fail(str(exc)) from None
             except sqlite3.Error as exc:
                 raise self._fail(f"SQLite error: {exc}") from None
+
+
+def _counted(item: Any, exc: Exception, info: TraceInfo, zeroed: dict[str, int]) -> Event | None:
+    """The event of an element :func:`to_event` refused: None and a count of it as skipped, or (a
+    duration read as 0 ns) the event and a count of that."""
+    if isinstance(exc, DurationReadAsZero):
+        try:
+            event = to_event(item, clamp=True)
+        except MalformedEventError as again:
+            info.skip(str(again))
+            return None
+        reason = str(exc)
+        zeroed[reason] = zeroed.get(reason, 0) + 1
+        return event
+    info.skip(str(exc))
+    return None
 
 
 def _resolve(engine: str) -> str:
@@ -211,10 +235,13 @@ def ncu_format(path: str | os.PathLike[str]) -> str | None:
     A CSV export may open with the program's output and ncu's ``==PROF==`` lines: the first MiB is
     searched for ncu's lines or the header of its table.
     """
+    if not regular_file(path):
+        return None  # never opened: a named pipe would wait for a writer (reported when the file is read)
     try:
         with open(path, "rb") as f:
             head = f.read(16)
-            if head.startswith((_GZIP_MAGIC, _SQLITE_MAGIC)) or head.lstrip().startswith((b"{", b"[")):
+            json_start = head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith((b"{", b"["))
+            if head.startswith((_GZIP_MAGIC, _SQLITE_MAGIC)) or json_start:
                 return None  # a trace: the rest of the first MiB is not read
             return sniff_ncu(head + f.read(SNIFF_BYTES - len(head)))
     except OSError:
@@ -227,12 +254,13 @@ def gpu_processes(path: str | os.PathLike[str]) -> list[int]:
     One export of ``nsys profile torchrun ...`` holds every rank's process: each is a rank.
     """
     path = os.fspath(path)
+    if not regular_file(path):
+        return []  # reported when the trace is read
     try:
         with open(path, "rb") as f:
             if not f.read(16).startswith(_SQLITE_MAGIC):
                 return []
-        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-        with contextlib.closing(sqlite3.connect(uri, uri=True)) as con:
+        with contextlib.closing(open_export(path)) as con:
             return kernel_processes(con)
-    except (OSError, sqlite3.Error):
+    except (OSError, sqlite3.Error, NsysFormatError):
         return []  # reported when the trace is read

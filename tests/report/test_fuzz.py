@@ -4,7 +4,11 @@ Byte-level mutations (flips, cuts, insertions, in plain and gzip files), JSON-le
 (values replaced by arbitrary JSON, keys dropped, events duplicated; both JSON engines and both
 column backends must then agree), and nsys rows with arbitrary SQLite values: 1,150 examples in all;
 then 100 byte-level mutations through ``gpuprobe report``, which must exit 0 or 2 (bad input), never
-1 (an internal error).
+1 (an internal error); then 60 hostile shapes of drawn sizes (nesting past the limit, integers past
+Python's digit limit, huge exponents, negative durations, elements that are not objects, a byte-order
+mark), which every JSON engine must refuse with the same problem or read into the same events and
+counts. tests/report/test_hostile.py runs one file of each hostile shape, the gzip bombs and SQLite
+views among them, under a memory limit.
 """
 
 from __future__ import annotations
@@ -208,3 +212,65 @@ def test_nsys_rows_with_arbitrary_values_give_a_report_or_a_clean_error(
     con.commit()
     con.close()
     report_or_clean_error(path)
+
+
+# Hostile shapes with drawn sizes (tests/report/hostile.py has one fixed file per shape, run under a
+# memory limit by test_hostile.py): every engine refuses each the same way, or reads the same events.
+ENGINES = ("msgspec", "stdlib", "ijson")
+
+
+@st.composite
+def hostile_docs(draw: st.DrawFn) -> tuple[str, str | None]:
+    """A trace with one hostile part of drawn size, and the phrase its refusal names (None: read)."""
+    from gpuprobe.report._kineto import MAX_DEPTH
+
+    events_last = {**{k: v for k, v in MIN_DOC.items() if k != "traceEvents"}, "traceEvents": MIN_DOC["traceEvents"]}
+    head = json.dumps(events_last)[:-2]  # open at the end of traceEvents
+    shape = draw(st.sampled_from(["nested", "digits", "exponent", "negative", "not_object", "bom"]))
+    if shape == "nested":
+        # json and msgspec stop at Python's recursion limit, which hypothesis raises by 2,000 while it runs a
+        # test: from 5,000 levels every engine refuses (test_hostile.py checks MAX_DEPTH + 1 outside hypothesis)
+        depth = draw(st.integers(5 * MAX_DEPTH, 20 * MAX_DEPTH))
+        where = draw(st.sampled_from(["element", "args", "metadata"]))
+        deep = "[" * depth + "]" * depth
+        if where == "metadata":
+            return '{"extra": ' + deep + ", " + json.dumps(MIN_DOC)[1:], "nested too deeply"
+        if where == "args":
+            return head + ', {"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "args": {"x": ' + deep + "}}]}", \
+                "nested too deeply"
+        return head + ", " + deep + "]}", "nested too deeply"
+    if shape == "digits":
+        digits = "9" * draw(st.integers(4_301, 20_000))
+        sign = draw(st.sampled_from(["", "-"]))
+        return head + ', {"ph": "X", "cat": "kernel", "name": "k", "ts": ' + sign + digits + "}]}", "digits"
+    if shape == "exponent":
+        exponent = draw(st.integers(19, 999_999))
+        return head + ', {"ph": "X", "cat": "kernel", "name": "k", "ts": 1e' + str(exponent) + "}]}", None
+    if shape == "negative":
+        dur = draw(st.integers(1, 10**9))
+        return head + ', {"ph": "X", "cat": "kernel", "name": "k", "ts": 5, "dur": -' + str(dur) + "}]}", None
+    if shape == "not_object":
+        return head + ", " + json.dumps(draw(json_values.filter(lambda v: not isinstance(v, dict)))) + "]}", None
+    return "\ufeff" + json.dumps(MIN_DOC), None
+
+
+@settings(FUZZ, max_examples=60)
+@given(case=hostile_docs())
+def test_hostile_shapes_of_drawn_sizes_are_refused_alike_or_read_alike_by_every_engine(
+    folder: Path, case: tuple[str, str | None]
+) -> None:
+    text, refused = case
+    path = folder / "hostile.json"
+    path.write_text(text, encoding="utf-8")
+    outcomes = []
+    for engine in ENGINES:
+        trace = load(path, engine=engine)
+        try:
+            outcomes.append((list(trace.events()), trace.info.skipped_reasons, trace.info.notes))
+        except ReportInputError as exc:
+            assert "\n" not in str(exc)
+            outcomes.append(exc.problem)
+    if refused is not None:
+        assert all(isinstance(o, str) and refused in o for o in outcomes), outcomes
+    else:
+        assert not isinstance(outcomes[0], str) and outcomes[1] == outcomes[0] and outcomes[2] == outcomes[0]

@@ -140,7 +140,9 @@ def test_malformed_events_are_skipped_and_counted(tmp_path: Path, kineto_min: Pa
     path.write_text(json.dumps(doc))
     trace = load(path)
     assert list(trace.events()) == events(kineto_min)
-    assert trace.info.skipped_events == 2
+    assert trace.info.skipped_events == 3  # an element that is not an object counts too
+    assert trace.info.skipped_reasons == {"with a time that is not a number in range": 1, "without a name": 1,
+                                          "not a JSON object": 1}
 
 
 def test_events_can_be_read_twice(kineto_min: Path) -> None:
@@ -301,7 +303,7 @@ def test_batches_decode_many_elements_per_call(monkeypatch: pytest.MonkeyPatch, 
 
 
 def _outcomes(items: list[Any]) -> list[Any]:
-    from gpuprobe.report._kineto import MalformedEventError, to_event
+    from gpuprobe.report._kineto import DurationReadAsZero, MalformedEventError, to_event
 
     out: list[Any] = []
     for item in items:
@@ -309,6 +311,11 @@ def _outcomes(items: list[Any]) -> list[Any]:
             out.append(to_event(item))
         except MalformedEventError:
             out.append("malformed")
+        except DurationReadAsZero as exc:  # read as 0 ns, and why
+            try:
+                out.append((str(exc), to_event(item, clamp=True)))
+            except MalformedEventError:
+                out.append((str(exc), "malformed"))
     return out
 
 
