@@ -58,6 +58,14 @@ try:
 except RuntimeError:
     report["boom_raised"] = True
 
+spec = tiny("spec")
+draft = tiny("draft")  # the same weights: its drafts are accepted; instrumented, yet measured inside spec's steps
+out = spec.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, assistant_model=draft)
+report["spec_tokens"] = out.shape[1] - ids.shape[1]
+lookup = tiny("lookup")
+out = lookup.generate(torch.cat([ids, ids], dim=1), max_new_tokens=4, min_new_tokens=4, do_sample=False,
+                      prompt_lookup_num_tokens=2)
+
 shared = tiny("threads")
 def work():
     shared.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=True)
@@ -154,3 +162,24 @@ def test_concurrent_calls_nest_per_thread(captured):
         steps = children(cap, call)
         assert [s.payload for s in steps] == [0, 1, 2]
         assert all(s.thread == call.thread for s in steps)
+
+
+def test_a_speculative_step_shows_its_draft_forward_and_verification(captured):
+    cap, report = captured
+    (call,) = calls(cap, "spec")
+    assert calls(cap, "draft") == []  # the draft model's generate() runs inside the steps, unmeasured
+    steps = children(cap, call)
+    assert 1 <= len(steps) <= report["spec_tokens"]
+    assert [s.message for s in steps] == ["prefill"] + ["decode"] * (len(steps) - 1)
+    for step in steps:
+        parts = [p.message for p in children(cap, step)]
+        assert parts[:3] == ["draft", "forward", "verify"], parts
+        assert parts[-1] == "stopping_criteria"
+        assert {p.payload for p in children(cap, step)} == {step.payload}
+
+
+def test_prompt_lookup_steps_show_their_draft_too(captured):
+    cap, _ = captured
+    (call,) = calls(cap, "lookup")
+    for step in children(cap, call):
+        assert [p.message for p in children(cap, step)][:3] == ["draft", "forward", "verify"]

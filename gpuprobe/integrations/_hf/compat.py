@@ -20,7 +20,7 @@ from ...errors import GpuprobeError, missing
 __all__ = ["SUPPORTED_VERSIONS", "TESTED_VERSION", "UnsupportedVersionError", "UnsupportedModelError",
            "import_transformers", "parse_version", "check_version", "check_model", "fits", "input_device",
            "input_tokens", "input_width", "read_loop", "peer_finished", "steps_undone", "loop_rows", "speculative_method",
-           "draft_length", "decoding_module", "generation_modes", "model_output_cache", "cache_bytes",
+           "draft_length", "decoding_module", "model_output_cache", "cache_bytes",
            "continuous_batching_classes",
            "request_statuses", "ends_with_eos", "paged_cache_geometry", "used_blocks", "processor_placement"]
 
@@ -245,15 +245,6 @@ def decoding_module(model: Any) -> Any:
         if isinstance(found, nn.Module) and found is not model:
             return found
     return model
-
-
-def generation_modes() -> dict[str, str]:
-    """The ``GenerationMode`` values of the installed transformers and what ``generate()`` runs for each:
-    a method of the model, or a Hub repository of custom generation code."""
-    utils = import_transformers().generation.utils
-    mapping = getattr(utils, "GENERATION_MODES_MAPPING", {})
-    modes = getattr(import_transformers().generation.configuration_utils, "GenerationMode")
-    return {str(mode.value): str(mapping.get(mode, "")) for mode in modes}
 
 
 def input_tokens(inputs: Any, kwargs: dict[str, Any]) -> int | None:
