@@ -21,6 +21,7 @@ _COMMANDS = {
     "info": (None, None, "show which timing, NVTX and export backends are active"),
     "doctor": ("gpuprobe.doctor", "main", "what works on this machine and why not (initializes CUDA)"),
     "ncu-args": ("gpuprobe._ncu_args", "main", "print Nsight Compute filter arguments for gpuprobe's NVTX ranges"),
+    "try": ("gpuprobe.experiment.cli", "main", "measure the remedies (static cache, compile, attention, ...) on a model"),
 }
 
 

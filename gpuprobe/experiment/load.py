@@ -1,0 +1,111 @@
+"""MODEL, as ``gpuprobe try`` names it: a local Hugging Face folder, or ``module:factory`` / ``file.py:factory``.
+
+A factory is a callable of no arguments returning ``(model, generate_kwargs)``: the model as it should
+run (device, dtype, attention) and the keyword arguments of its ``generate()`` call, inputs, logits
+processors and stopping criteria included. A folder is loaded with
+``AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)``; its prompt is a fixed text
+through the folder's tokenizer (token ids when it has none), stretched by ``--prompt-lens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from gpuprobe.errors import ConfigError
+
+__all__ = ["Loaded", "load", "PROMPT"]
+
+PROMPT = ("A GPU runs thousands of threads at once; a decode step of a language model reads every weight "
+          "once per generated token, so its speed is set by memory bandwidth and by how fast the host "
+          "launches the step's kernels.")
+
+
+@dataclasses.dataclass
+class Loaded:
+    """What MODEL named: the model, its generate() keyword arguments, and how to name it."""
+
+    model: Any
+    kwargs: dict[str, Any]
+    label: str
+
+
+def load(spec: str, *, device: str | None = None) -> Loaded:
+    """Load MODEL.
+
+    Raises:
+        ConfigError: MODEL is neither a folder nor ``module:factory``, the factory is missing or returns
+            something else than ``(model, dict)``; the message names it.
+    """
+    if os.path.isdir(spec):
+        return _folder(spec, device)
+    if device is not None:
+        raise ConfigError("--device applies to a model folder; a factory puts its model where it runs")
+    module, sep, name = spec.rpartition(":")
+    if not sep or not module or not name:
+        hint = (" (a hub name? gpuprobe try downloads nothing: download the model first, e.g. "
+                f"huggingface-cli download {spec} --local-dir DIR, and name DIR)" if spec.count("/") == 1 else "")
+        raise ConfigError(f"MODEL {spec!r} is neither a folder nor module:factory{hint}")
+    factory = getattr(_module(module), name, None)
+    if not callable(factory):
+        raise ConfigError(f"MODEL {spec!r}: {module} has no callable {name!r}")
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], Mapping)):
+        raise ConfigError(f"MODEL {spec!r}: the factory must return (model, generate_kwargs), got "
+                          f"{type(made).__name__}")
+    model, kwargs = made
+    if not callable(getattr(model, "generate", None)):
+        raise ConfigError(f"MODEL {spec!r}: the factory's model cannot generate ({type(model).__name__})")
+    return Loaded(model, dict(kwargs), spec)
+
+
+def _module(module: str) -> Any:
+    if module.endswith(".py") or os.sep in module:
+        if not os.path.isfile(module):
+            raise ConfigError(f"MODEL: no file {module!r}")
+        name = "gpuprobe_try_" + os.path.splitext(os.path.basename(module))[0]
+        spec = importlib.util.spec_from_file_location(name, module)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"MODEL: cannot load {module!r} as Python")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: the current folder's modules are found
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            raise ConfigError(f"MODEL: no module {module!r} (from the current folder or sys.path)") from None
+        raise
+
+
+def _folder(path: str, device: str | None) -> Loaded:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)  # type: ignore[arg-type]
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"MODEL {path!r}: not a model folder transformers can load: {exc}") from None
+    model = model.to(target).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    except (OSError, ValueError, TypeError):
+        vocab = int(getattr(model.config, "vocab_size", 100) or 100)
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(min(3, vocab - 1), vocab, (1, 32), generator=generator)
+    ids = ids.to(target)
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if getattr(model.generation_config, "pad_token_id", None) is None and eos is not None:
+        kwargs["pad_token_id"] = eos[0] if isinstance(eos, list) and eos else eos  # what generate() would pick
+    return Loaded(model, kwargs, os.path.basename(os.path.normpath(path)) or path)

@@ -1,0 +1,134 @@
+"""The statistics of an experiment: medians with their spread, and a verdict only past the spread.
+
+Variants are measured in rounds (every variant once per round, the order rotated), so each round
+gives one ratio of a variant against the baseline measured a moment apart: drifts of the machine
+(another program starting) touch both sides of a ratio alike. A variant is faster (or slower) only
+when every round says so *and* its median gain exceeds the spread of the ratios themselves (their
+interquartile range, in log terms so that 2× faster and 2× slower weigh alike); otherwise there is no
+difference to report. Under :data:`MIN_ROUNDS` rounds there is no verdict at all.
+
+Example:
+    >>> compare([10, 11, 10, 12, 10], [5, 5.5, 5, 6, 5], lower_is_better=True).verdict
+    'faster'
+    >>> compare([10, 11, 10, 12, 10], [10.5, 10, 11, 10, 12], lower_is_better=True).verdict
+    'no difference'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+
+__all__ = ["MIN_ROUNDS", "Spread", "Comparison", "spread", "compare"]
+
+#: Fewer rounds than this give figures but no verdict.
+MIN_ROUNDS = 5
+
+FASTER, SLOWER, SAME, TOO_FEW = "faster", "slower", "no difference", "too few rounds"
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    """The median of some values and how far they spread: min, max and the quartiles.
+
+    Example:
+        >>> s = spread([4, 1, 3, 2]); (s.median, s.min, s.max, s.q1, s.q3)
+        (2.5, 1, 4, 1.75, 3.25)
+    """
+
+    median: float
+    min: float
+    max: float
+    q1: float
+    q3: float
+    n: int
+
+    @property
+    def relative_range(self) -> float:
+        """(max − min) ÷ median; 0 for a zero median."""
+        return (self.max - self.min) / abs(self.median) if self.median else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"median": self.median, "min": self.min, "max": self.max, "q1": self.q1, "q3": self.q3, "n": self.n}
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    pos = (len(ordered) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """Median, min, max and quartiles (linear interpolation, numpy's default) of ``values``.
+
+    Raises:
+        ValueError: no values.
+    """
+    if not values:
+        raise ValueError("spread() of no values")
+    ordered = sorted(values)
+    return Spread(median=statistics.median(ordered), min=ordered[0], max=ordered[-1], q1=_quantile(ordered, 0.25),
+                  q3=_quantile(ordered, 0.75), n=len(ordered))
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """A variant against the baseline on one figure.
+
+    Attributes:
+        ratio: the gain per round, as a spread: baseline ÷ variant for times and memory (2.0: twice as
+            fast, half the memory), variant ÷ baseline for rates (tokens/s). Above 1 is better.
+        noise: the spread the gain must exceed: the interquartile range of the log ratios (0.1: about 10 %).
+        verdict: ``faster``, ``slower``, ``no difference`` or ``too few rounds`` (for memory, less memory
+            reads ``faster``).
+    """
+
+    ratio: Spread
+    noise: float
+    verdict: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"ratio": self.ratio.to_dict(), "noise": self.noise, "verdict": self.verdict}
+
+
+def compare(baseline: Sequence[float], variant: Sequence[float], *, lower_is_better: bool,
+            min_rounds: int = MIN_ROUNDS) -> Comparison:
+    """Compare paired per-round values (``baseline[i]`` and ``variant[i]`` from the same round).
+
+    ``faster`` when every round's ratio is above 1 and the median log ratio exceeds the log ratios'
+    interquartile range; ``slower`` symmetrically; else ``no difference``; ``too few rounds`` under
+    ``min_rounds`` pairs.
+
+    Raises:
+        ValueError: the sequences differ in length or are empty.
+
+    Example:
+        >>> c = compare([2.0] * 5, [1.0] * 5, lower_is_better=True)
+        >>> c.ratio.median, c.verdict
+        (2.0, 'faster')
+    """
+    if len(baseline) != len(variant) or not baseline:
+        raise ValueError(f"compare() needs paired values, got {len(baseline)} and {len(variant)}")
+    ratios = [_ratio(b, v, lower_is_better) for b, v in zip(baseline, variant)]
+    r = spread(ratios)
+    logs = spread([math.log(x) if 0 < x < math.inf else (-math.inf if x <= 0 else math.inf) for x in ratios])
+    noise = logs.q3 - logs.q1 if math.isfinite(logs.q3 - logs.q1) else math.inf
+    if len(ratios) < min_rounds:
+        verdict = TOO_FEW
+    elif r.min > 1 and logs.median > noise:
+        verdict = FASTER
+    elif r.max < 1 and -logs.median > noise:
+        verdict = SLOWER
+    else:
+        verdict = SAME
+    return Comparison(ratio=r, noise=noise, verdict=verdict)
+
+
+def _ratio(base: float, value: float, lower_is_better: bool) -> float:
+    num, den = (base, value) if lower_is_better else (value, base)
+    if den == 0:
+        return 1.0 if num == 0 else math.inf
+    return num / den
