@@ -200,8 +200,14 @@ def _copies(model: Any, machine: Machine, facts: ModelFacts, load: Workload, ask
                                   new_tokens=load.new_tokens, asked=asked, facts=facts, machine=machine)
              if isinstance(v, Variant) and v.scope == COPY]
     items += [v for v in extra if v.scope == COPY]
+    from gpuprobe.integrations.transformers import is_instrumented
+
     for v in items:
         if not wanted(v.name, v.group, asked):
+            continue
+        if is_instrumented(model):
+            skips.append(NotRun(v.name, "the model is instrumented already, and a copy would carry gpuprobe's "
+                                        "patches: call try_remedies before instrument() (the command line does)"))
             continue
         room = _room_for_copy(model, machine)
         if room:
