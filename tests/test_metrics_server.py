@@ -194,6 +194,13 @@ def test_past_the_rate_bound_connections_wait_in_the_listen_queue_and_are_all_an
     assert time.monotonic() - t0 >= (25 - 5 - 1) / 10  # the bucket's refill, however fast the machine
 
 
+def test_an_accept_header_prometheus_client_cannot_parse_gets_the_text_format(serve) -> None:
+    server = serve()
+    status, headers, body = get(server, headers={"Accept": "application/openmetrics-text;version=abc"})
+    assert status == 200 and headers["content-type"].startswith("text/plain") and b"gpuprobe_build_info" in body
+    assert get(server)[0] == 200  # and the server goes on
+
+
 def test_malformed_and_oversized_requests_are_answered_400_and_431(serve) -> None:
     server = serve()
     with socket.create_connection((server.addr, server.port), timeout=30) as s:

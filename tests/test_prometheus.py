@@ -143,7 +143,7 @@ def test_counters_of_known_labels_read_0_before_anything_is_counted(server) -> N
 
     samples = scrape(server.url)
     dropped = {s.labels["reason"]: s.value for s in samples["gpuprobe_telemetry_dropped_total"]}
-    assert dropped == dict.fromkeys(DROP_REASONS, 0.0)
+    assert set(DROP_REASONS) <= set(dropped) and set(dropped.values()) == {0.0}  # (and reasons earlier tests used)
     seams = {s.labels["seam"]: s.value for s in samples["gpuprobe_seam_disabled_total"]}
     assert seams == {seam.name: 0.0 for seam in _seams.registry()} and seams
 

@@ -203,7 +203,7 @@ class HttpServer:
         site: what answers scrapes fast (:class:`Site`).
         app: the WSGI application for every other request.
         limits: the bounds.
-        on_error: called with an exception a worker caught outside the WSGI application (never raises).
+        on_error: called with an exception the server caught outside the WSGI application (never raises).
     """
 
     def __init__(self, listener: socket.socket, site: Site, app: Callable[..., Any], limits: Limits,
@@ -303,14 +303,19 @@ class HttpServer:
                 if self._stopping:
                     return
                 conn = key.data
-                if conn is None:
-                    self._drain_wake()
-                elif conn is self._listener:
-                    self._accept(clock())
-                elif conn.out is None:
-                    self._read(conn, clock())
-                else:
-                    self._write(conn)
+                try:
+                    if conn is None:
+                        self._drain_wake()
+                    elif conn is self._listener:
+                        self._accept(clock())
+                    elif conn.out is None:
+                        self._read(conn, clock())
+                    else:
+                        self._write(conn)
+                except Exception as exc:  # a request this code did not foresee: that connection only
+                    self._on_error(exc)
+                    if isinstance(conn, _Conn):
+                        self._drop(conn)
             now, now_cpu = clock(), cpu()
             self._expire(now)
             self._pace(now, now - last, now_cpu - last_cpu)

@@ -208,7 +208,7 @@ class GpuprobeCollector:
             if name is not None:
                 self._names[device] = name
         labels = build_info_labels(name or device)
-        if self._build is None or self._build[1] != labels:
+        if self._build is None or self._build[1] != labels or not self._build[0].touched:  # touched: not reset
             series = registry.family("gpuprobe.build_info").child(**labels)
             if self._build is not None and self._build[0] is not series:
                 self._build[0].forget()  # the device became known: one series, not two
@@ -301,7 +301,10 @@ class _Exposition:
         accept = headers.get("accept", "")
         chosen = self._negotiated.get(accept)
         if chosen is None:
-            encoder, content_type = choose_encoder(accept)
+            try:
+                encoder, content_type = choose_encoder(accept)
+            except Exception:  # e.g. "version=abc": prometheus_client compares it as a number
+                encoder, content_type = choose_encoder("")  # the text format, as for no Accept header
             chosen = (_renderer(encoder, self._collector, self._registry), content_type)
             if len(self._negotiated) < 16:  # scrapers send one or two distinct headers
                 self._negotiated[accept] = chosen
@@ -485,7 +488,7 @@ def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime 
                 f"check {setting} and GPUPROBE_PROMETHEUS_ADDR"
             ) from None
         httpd = HttpServer(listener, exposition, app, limits or Limits(), lambda exc: rt.warn_once(
-            "metrics-render", f"gpuprobe: /metrics could not be rendered: {exc!r}"))
+            "metrics-server", f"gpuprobe: the /metrics server could not answer a request: {exc!r}"))
         endpoint = _Endpoint(httpd, exposition, addr, listener.getsockname()[1])
         endpoint.users = 1
         _servers[(addr, endpoint.port)] = endpoint
