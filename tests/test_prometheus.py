@@ -58,7 +58,7 @@ def test_error_counter_is_exposed_with_total_suffix(server) -> None:  # type: ig
         with pytest.raises(RuntimeError):
             boom()
     samples = scrape(server.url)
-    (err,) = samples["gpuprobe_probe_errors_total"]
+    (err,) = [s for s in samples["gpuprobe_probe_errors_total"] if s.labels["probe"] == "boom"]
     assert err.value == 2 and err.labels["error_type"] == "RuntimeError" and err.labels["probe"] == "boom"
 
 
