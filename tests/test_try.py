@@ -95,7 +95,7 @@ def planted(model: Any) -> dict[str, Any]:
     nothing = Variant("nothing", "a change that changes nothing", "generate_kwargs = dict(generate_kwargs)")
     before = model.config._attn_implementation
     result = try_remedies(model, kwargs, budget="60s", variants=["processors", "nothing"], extra=[nothing],
-                          max_rounds=7)
+                          max_rounds=MIN_ROUNDS)
     return {"result": result, "kwargs": kwargs, "attention_before": before, "sleepy": sleepy}
 
 
@@ -112,26 +112,42 @@ def test_spread_gives_the_median_the_extremes_and_the_quartiles() -> None:
 
 
 def test_a_variant_twice_as_fast_in_every_round_is_faster_by_two() -> None:
-    base = [10.0, 12.0, 9.0, 11.0, 10.0, 13.0]
+    base = [10.0, 12.0, 9.0, 11.0, 10.0, 13.0, 9.5]
     c = compare(base, [b / 2 for b in base], lower_is_better=True)
     assert c.verdict == "faster" and c.ratio.median == pytest.approx(2.0)
 
 
 def test_a_rate_halved_is_slower() -> None:
-    base = [100.0, 90.0, 110.0, 105.0, 95.0]
+    base = [100.0, 90.0, 110.0, 105.0, 95.0, 101.0, 99.0]
     assert compare(base, [b / 2 for b in base], lower_is_better=False).verdict == "slower"
 
 
 def test_a_gain_inside_the_spread_of_the_rounds_is_no_difference() -> None:
-    base = [10.0, 10.0, 10.0, 10.0, 10.0, 10.0]
-    variant = [9.0, 9.9, 7.0, 9.95, 9.0, 6.0]  # faster in every round, but by less than the ratios spread
+    base = [10.0] * 8
+    variant = [9.0, 9.9, 7.0, 9.95, 9.0, 6.0, 9.8, 5.0]  # faster in every round, but by less than the ratios spread
     c = compare(base, variant, lower_is_better=True)
     assert c.ratio.min > 1 and c.verdict == "no difference"
 
 
 def test_rounds_that_disagree_are_no_difference() -> None:
-    base = [10.0, 11.0, 10.0, 12.0, 10.0]
-    assert compare(base, [10.5, 10.0, 11.0, 10.0, 12.0], lower_is_better=True).verdict == "no difference"
+    base = [10.0, 11.0, 10.0, 12.0, 10.0, 11.0, 12.0]
+    variant = [10.5, 10.0, 11.0, 10.0, 12.0, 11.5, 11.0]
+    assert compare(base, variant, lower_is_better=True).verdict == "no difference"
+
+
+def test_a_clear_gain_with_a_few_rounds_against_it_is_still_found() -> None:
+    base = [10.0] * 20
+    variant = [5.0] * 17 + [11.0, 12.0, 10.5]  # 17 of 20 rounds twice as fast: no chance agreement
+    c = compare(base, variant, lower_is_better=True)
+    assert c.ratio.min < 1 and c.verdict == "faster"
+
+
+def test_the_sign_test_is_the_binomial_tail() -> None:
+    from gpuprobe.experiment.stats import sign_test
+
+    assert sign_test(7, 7) == 1 / 128
+    assert sign_test(0, 9) == 1.0
+    assert sign_test(9, 10) == (10 + 1) / 1024  # 9 of 10 (10 ways) or 10 of 10 (1 way)
 
 
 def test_fewer_rounds_than_the_minimum_give_no_verdict() -> None:

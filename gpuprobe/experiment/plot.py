@@ -1,4 +1,4 @@
-"""A PNG of an experiment: per workload, each variant's gain in tokens/s, TTFT and TPOT with its min–max.
+"""A PNG of an experiment: per workload, each variant's gain in tokens/s, TTFT and TPOT with its quartiles.
 
 matplotlib is imported here only (``pip install 'gpuprobe[report]'``).
 """
@@ -48,12 +48,12 @@ def plot(result: TryResult, path: str | os.PathLike[str]) -> None:
                 y = i + (k - 1) * height
                 color = _COLORS.get(c.verdict, "#9e9e9e") if figure == "tokens_per_s" else None
                 ax.barh(y, c.ratio.median, height=height * 0.9, color=color, alpha=1.0 if k == 0 else 0.45,
-                        xerr=[[c.ratio.median - c.ratio.min], [c.ratio.max - c.ratio.median]], capsize=2,
+                        xerr=[[c.ratio.median - c.ratio.q1], [c.ratio.q3 - c.ratio.median]], capsize=2,
                         label=label if i == 0 else None)
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_yticks(range(len(names)), names, fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("gain over the baseline (× per round; > 1 is better; bars: median, whiskers: min–max)")
+        ax.set_xlabel("gain over the baseline (× per round; > 1 is better; bars: median, whiskers: quartiles)")
         ax.set_title(f"{w.label}: {w.rounds} rounds", fontsize=9)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="lower right")

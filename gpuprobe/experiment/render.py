@@ -1,10 +1,10 @@
 """An experiment as text, Markdown or JSON: per workload a ranked table, the winner's code change, what
 did not run and why, and the notes (what a CPU cannot show, too few rounds, outputs that differ).
 
-The baseline row holds the figures themselves (medians, tokens/s with its min–max); a variant's row
-holds its gain over the baseline per round, median (min–max): above 1 is better (faster, or less
-memory). The verdict is on tokens/s: ``faster`` or ``slower`` only where every round agrees and the
-gain exceeds the spread (:mod:`gpuprobe.experiment.stats`).
+The baseline row holds the figures themselves (medians, tokens/s with its interquartile range); a
+variant's row holds its gain over the baseline per round, median (interquartile range): above 1 is
+better (faster, or less memory). The verdict is on tokens/s: ``faster`` or ``slower`` only where the
+rounds agree beyond chance and the gain exceeds the spread (:mod:`gpuprobe.experiment.stats`).
 """
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ def _bytes(value: float | None) -> str:
 
 
 def _rate(s: Spread | None) -> str:
-    return "—" if s is None else f"{s.median:.4g} tok/s ({s.min:.4g}–{s.max:.4g})"
+    return "—" if s is None else f"{s.median:.4g} tok/s ({s.q1:.4g}–{s.q3:.4g})"
 
 
 def _gain(c: Comparison | None) -> str:
     if c is None:
         return "—"
     r = c.ratio
-    return f"{r.median:.2f}× ({r.min:.2f}–{r.max:.2f})"
+    return f"{r.median:.2f}× ({r.q1:.2f}–{r.q3:.2f})"
 
 
 def _memory(v: VariantResult) -> str:
@@ -109,7 +109,7 @@ def _winner(w: WorkloadResult, markdown: bool) -> list[str]:
     c = win.vs_baseline["tokens_per_s"]
     what = win.output.text if win.output is not None else "not compared"
     head = (f"Winner: {'**' if markdown else ''}{win.name}{'**' if markdown else ''} ({win.variant.title}): "
-            f"{c.ratio.median:.2f}× tokens/s ({c.ratio.min:.2f}–{c.ratio.max:.2f} over {win.rounds} rounds), "
+            f"{c.ratio.median:.2f}× tokens/s ({c.ratio.q1:.2f}–{c.ratio.q3:.2f} over {win.rounds} rounds), "
             f"output {what}. The change:")
     code = win.variant.code.splitlines()
     if markdown:
@@ -130,8 +130,13 @@ def _workload(w: WorkloadResult, markdown: bool) -> list[str]:
         q = "`" if markdown else ""
         lines += ["", "Traces: " + ", ".join(f"{v.name}: {q}{v.trace}{q}" for v in traced)]
     if w.not_run:
+        # one line for everything --variants left out; a line each for the others, with why
+        unasked = [n for n in w.not_run if n.reason.startswith("not asked for")]
+        rows = [(n.name, n.reason) for n in w.not_run if n not in unasked]
+        if unasked:
+            rows.append((unasked[0].reason, ", ".join(n.name for n in unasked)))
         lines += ["", "Not run:"]
-        lines += [f"- {n.name}: {n.reason}" if markdown else f"  {n.name}: {n.reason}" for n in w.not_run]
+        lines += [f"- {name}: {why}" if markdown else f"  {name}: {why}" for name, why in rows]
     return lines
 
 
@@ -140,8 +145,9 @@ def _document(result: TryResult, markdown: bool) -> str:
     head = (f"gpuprobe try: {result.model} ({f.dtype}, attention {f.attention}) on {m.name}, {m.clock} clock; "
             f"{result.elapsed_s:.1f} s of a {result.budget_s:g} s budget")
     lines = [f"# {head}" if markdown else head, ""]
-    lines.append("Gains are per round against the baseline, median (min–max); above 1 is better. The verdict is on "
-                 "tokens/s, and only past the spread of the rounds.")
+    lines.append("Figures are medians over the rounds (interquartile range); a variant's are its gains per round "
+                 "against the baseline, above 1 is better. The verdict is on tokens/s, and only where the rounds "
+                 "agree beyond chance and the gain exceeds their spread.")
     bullet: Callable[[str], str] = (lambda s: f"- {s}") if markdown else (lambda s: f"  - {s}")
     for w in result.workloads:
         lines += [""] + _workload(w, markdown)
