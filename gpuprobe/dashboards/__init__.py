@@ -13,7 +13,8 @@ Quantile and mean panels read recording rules (``gpuprobe:<series>:p95_rate1m`` 
 ``gpuprobe-rules.yml``; ``--inline-quantiles`` writes dashboards that compute them in the query
 instead, for a Prometheus whose rules you cannot change. Panels whose series only a GPU produces
 (device-clock step times, the CUDA caching allocator's reserved memory) say so: their description
-starts with :data:`GPU_ONLY`.
+starts with :data:`GPU_ONLY`; panels that wait for an event or a setting (errors, continuous batching,
+the sync audit, ...) end with the sentence of their :class:`NoData` reason, which ``--verify`` lists.
 
 One module per concern, each importing only those before it in this list:
 
@@ -41,8 +42,8 @@ from __future__ import annotations
 from .cli import main
 from .doc_tables import gpu_panels_table, mapping_table
 from .files import DASHBOARD_DIR, PROMETHEUS_DIR, dashboard_files, prometheus_files
-from .grafana import fill, is_gpu_only, json_panels, regex_any, render
-from .model import GPU_ONLY, Dashboard, Panel, Row, Target
+from .grafana import fill, is_gpu_only, json_panels, no_data_reason, regex_any, render
+from .model import GPU_ONLY, NO_DATA_REASONS, Dashboard, NoData, Panel, Row, Target
 from .panels import dashboards, overview, ranks
 from .prometheus_api import Prometheus, PrometheusError, PrometheusUnreachableError
 from .prometheus_config import DEFAULT_PORT, scrape_config
@@ -59,7 +60,7 @@ from .rules import (
     recording_rules,
 )
 from .series import exported_series, label, model_label, series
-from .verify import QueryResult, variable_values, verify
+from .verify import QueryResult, summary, variable_values, verify
 from .yaml_emit import to_yaml
 
 __all__ = [
@@ -70,6 +71,8 @@ __all__ = [
     "Latency",
     "LATENCIES",
     "GPU_ONLY",
+    "NoData",
+    "NO_DATA_REASONS",
     "RULES_FILE",
     "ALERTS_FILE",
     "DASHBOARD_DIR",
@@ -97,6 +100,7 @@ __all__ = [
     "check_rules",
     "InvalidQueryError",
     "is_gpu_only",
+    "no_data_reason",
     "json_panels",
     "fill",
     "regex_any",
@@ -106,6 +110,7 @@ __all__ = [
     "QueryResult",
     "variable_values",
     "verify",
+    "summary",
     "mapping_table",
     "gpu_panels_table",
     "main",

@@ -17,12 +17,14 @@ from .prometheus_api import PrometheusError
 from .prometheus_config import DEFAULT_PORT, scrape_config
 from .promql import check_queries, check_rules
 from .rules import alert_rules, recording_rules
-from .verify import verify
+from .verify import summary, verify
 from .yaml_emit import to_yaml
 
 __all__ = ["main"]
 
 PROG = "python -m gpuprobe dashboard"
+PROMETHEUS_SUBDIR = "prometheus"
+"""Where under ``--out`` the Prometheus files go when ``--prometheus-out`` is not given."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,9 +35,10 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Write gpuprobe's Grafana dashboards and Prometheus rules, check them, "
                                        "print scrape configurations, or verify panels against Prometheus.")
-    p.add_argument("--out", default=DASHBOARD_DIR, help="dashboard folder (default: %(default)s)")
-    p.add_argument("--prometheus-out", default=PROMETHEUS_DIR,
-                   help="folder for rules and example scrape configurations (default: %(default)s)")
+    p.add_argument("--out", help=f"dashboard folder (default: {DASHBOARD_DIR})")
+    p.add_argument("--prometheus-out",
+                   help=f"folder for rules and example scrape configurations (default: OUT/{PROMETHEUS_SUBDIR} when "
+                        f"--out is given, else {PROMETHEUS_DIR})")
     p.add_argument("--inline-quantiles", action="store_true",
                    help="compute quantiles in the panel queries instead of reading the recording rules")
     p.add_argument("--check", action="store_true",
@@ -53,6 +56,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-gpu-only", action="store_true", help="with --verify: leave out panels that need a GPU")
     p.add_argument("--doc-tables", action="store_true", help="print the Markdown tables used in docs/grafana.md")
     return p
+
+
+def _folders(args: argparse.Namespace) -> None:
+    """Fill in the output folders: everything under ``--out`` when it is given (the Prometheus files in
+    its ``prometheus`` folder), the repository's ``integrations/`` folders when neither is."""
+    if args.prometheus_out is None:
+        args.prometheus_out = PROMETHEUS_DIR if args.out is None else os.path.join(args.out, PROMETHEUS_SUBDIR)
+    if args.out is None:
+        args.out = DASHBOARD_DIR
 
 
 def _write(flag: str, folder: str, files: dict[str, str]) -> None:
@@ -112,10 +124,9 @@ def _verify(args: argparse.Namespace) -> int:
     results = verify(args.verify, boards, chosen, gpu_only=False if args.skip_gpu_only else None)
     for r in results:
         print(r)
-    empty = [r for r in results if not r.ok and not r.gpu_only]
-    print(f"{len(results) - len(empty)} of {len(results)} queries returned data"
-          + (f"; {len(empty)} did not (GPU-only panels are not counted)" if empty else ""))
-    return 1 if empty else 0
+    lines, failed = summary(results)
+    print("\n".join(lines))
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     try:
         args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+        _folders(args)
         if args.doc_tables:
             print("## Metric names\n\n" + mapping_table() + "\n## Panels that need a GPU\n\n" + gpu_panels_table(),
                   end="")

@@ -12,13 +12,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import ConfigError
-from .model import GPU_ONLY, Dashboard, Panel
+from .model import GPU_ONLY, NEEDS_GPU, NO_DATA_REASONS, Dashboard, NoData, Panel
 from .series import RANK, label, series
 
 __all__ = [
     "render",
     "json_panels",
     "is_gpu_only",
+    "no_data_reason",
     "regex_any",
     "fill",
     "BUILTIN_VARIABLES",
@@ -49,10 +50,17 @@ def _variables() -> list[dict[str, Any]]:
     return out
 
 
+def _description(panel: Panel) -> str:
+    """The panel's description, with the sentence of its documented reason to be empty (see :func:`no_data_reason`)."""
+    if panel.no_data is None:
+        return panel.description
+    return f"{panel.description} {panel.no_data.sentence}"
+
+
 def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     refs = "ABCDEFGHIJ"
     return {
-        "id": pid, "type": "timeseries", "title": panel.title, "description": panel.description,
+        "id": pid, "type": "timeseries", "title": panel.title, "description": _description(panel),
         "datasource": _DS, "gridPos": {"h": _HEIGHT, "w": _WIDTH, "x": x, "y": y},
         "fieldConfig": {
             "defaults": {
@@ -107,6 +115,23 @@ def is_gpu_only(panel: Mapping[str, Any]) -> bool:
         (True, False)
     """
     return str(panel.get("description", "")).startswith(GPU_ONLY)
+
+
+def no_data_reason(panel: Mapping[str, Any]) -> NoData | None:
+    """The documented reason a Grafana panel (JSON) may show no data, read from its description: :data:`NEEDS_GPU`
+    when it begins with :data:`GPU_ONLY`, else the first of :data:`NO_DATA_REASONS` whose sentence it holds.
+
+    Example:
+        >>> no_data_reason({"description": "Sync audit. No data while the sync audit is off "
+        ...                                "(GPUPROBE_SYNC_AUDIT=N turns it on)."}).reason
+        'sync audit off'
+        >>> no_data_reason({"description": "Batch size."}) is None
+        True
+    """
+    text = str(panel.get("description", ""))
+    if text.startswith(GPU_ONLY):
+        return NEEDS_GPU
+    return next((r for r in NO_DATA_REASONS if r is not NEEDS_GPU and r.sentence in text), None)
 
 
 def json_panels(dashboard: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -4,10 +4,73 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["GPU_ONLY", "Target", "Panel", "Row", "Dashboard"]
+__all__ = [
+    "GPU_ONLY",
+    "NoData",
+    "NEEDS_GPU",
+    "WAITS_FOR_ERRORS",
+    "WAITS_FOR_DROPS",
+    "KERNEL_SAMPLING_OFF",
+    "SYNC_AUDIT_OFF",
+    "NO_CONTINUOUS_BATCHING",
+    "NO_SPECULATIVE_DECODING",
+    "PEAKS_UNKNOWN",
+    "LAYER_TIMING_OFF",
+    "NO_PROBES",
+    "NO_DATA_REASONS",
+    "Target",
+    "Panel",
+    "Row",
+    "Dashboard",
+]
 
 GPU_ONLY = "GPU only."
 """How the description of a panel that needs a GPU begins (device clock, CUDA allocator)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NoData:
+    """A documented reason for a panel to show no data on a healthy run: what it needs, or waits for.
+
+    Attributes:
+        reason: a few words, as ``python -m gpuprobe dashboard --verify`` lists it.
+        sentence: what the panel's description says; the reason is read back from the JSON by it.
+
+    Example:
+        >>> WAITS_FOR_ERRORS.reason
+        'waits for an error'
+    """
+
+    reason: str
+    sentence: str
+
+
+NEEDS_GPU = NoData("needs a GPU", GPU_ONLY)
+"""The panel's series exist only on a CUDA device (``Panel.gpu_only``; the description begins with it)."""
+WAITS_FOR_ERRORS = NoData("waits for an error", "No data until a generate() call or one of your probes fails.")
+WAITS_FOR_DROPS = NoData("waits for dropped telemetry",
+                         "No data, or zero, until gpuprobe drops a record (nothing dropped is the healthy state).")
+KERNEL_SAMPLING_OFF = NoData("kernel sampling off",
+                             "No data while kernel sampling is off (GPUPROBE_KERNEL_SAMPLING=N turns it on).")
+SYNC_AUDIT_OFF = NoData("sync audit off", "No data while the sync audit is off (GPUPROBE_SYNC_AUDIT=N turns it on).")
+NO_CONTINUOUS_BATCHING = NoData(
+    "no continuous batching",
+    "No data unless continuous batching runs (generate_batch, transformers serve --continuous-batching); "
+    "preemptions only once the scheduler has evicted a request.")
+NO_SPECULATIVE_DECODING = NoData(
+    "no speculative decoding",
+    "No data unless speculative decoding runs (assistant_model=, prompt_lookup_num_tokens=).")
+PEAKS_UNKNOWN = NoData(
+    "peaks unknown",
+    "No data unless the device's peaks are known: a GPU in the table of docs/utilization.md, or "
+    "GPUPROBE_PEAK_MEMORY_BANDWIDTH / GPUPROBE_PEAK_FLOPS; gpuprobe.info() says why not.")
+LAYER_TIMING_OFF = NoData("layer timing off",
+                          "No data unless decoder layers are timed (instrument(model, layers=True)).")
+NO_PROBES = NoData("no probes", "No data unless the program runs @probe / with probe() regions of its own.")
+
+NO_DATA_REASONS = (NEEDS_GPU, WAITS_FOR_ERRORS, WAITS_FOR_DROPS, KERNEL_SAMPLING_OFF, SYNC_AUDIT_OFF,
+                   NO_CONTINUOUS_BATCHING, NO_SPECULATIVE_DECODING, PEAKS_UNKNOWN, LAYER_TIMING_OFF, NO_PROBES)
+"""Every documented reason, in the order ``--verify`` lists them (docs/grafana.md names each one)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,11 +92,14 @@ class Panel:
 
     Attributes:
         title: shown on the panel.
-        description: shown in the panel's info tooltip (starts with :data:`GPU_ONLY` if ``gpu_only``).
+        description: shown in the panel's info tooltip (starts with :data:`GPU_ONLY` if ``gpu_only``;
+            the JSON adds the sentence of ``no_data``).
         targets: the queries.
         unit: a Grafana unit id (``s``, ``bytes``, ``percentunit``, ``suffix: tok/s``, ...).
         stack: stack the series (parts of a whole).
         gpu_only: its series exist only on a CUDA device.
+        no_data: why it may show no data on a healthy run without a GPU problem (what it waits for or
+            needs), or None when it always has data while generation runs.
 
     Example:
         >>> Panel("Batch size", "Mean sequences per call.", ()).unit
@@ -46,6 +112,21 @@ class Panel:
     unit: str = "short"
     stack: bool = False
     gpu_only: bool = False
+    no_data: NoData | None = None
+
+    def __post_init__(self) -> None:
+        if self.no_data is NEEDS_GPU:
+            raise ValueError(f"panel {self.title!r}: say gpu_only=True rather than no_data=NEEDS_GPU")
+
+    @property
+    def no_data_reason(self) -> NoData | None:
+        """The documented reason it may be empty: :data:`NEEDS_GPU` for a GPU-only panel, else ``no_data``.
+
+        Example:
+            >>> Panel("p", "GPU only. d", (), gpu_only=True).no_data_reason.reason
+            'needs a GPU'
+        """
+        return NEEDS_GPU if self.gpu_only else self.no_data
 
 
 @dataclasses.dataclass(frozen=True)

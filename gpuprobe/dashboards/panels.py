@@ -8,10 +8,27 @@ in the query when built with ``inline=True``. Every query aggregates explicitly 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from .._metrics import SPECS, prometheus_name
-from .model import GPU_ONLY, Dashboard, Panel, Row, Target
+from .model import (
+    GPU_ONLY,
+    KERNEL_SAMPLING_OFF,
+    LAYER_TIMING_OFF,
+    NO_CONTINUOUS_BATCHING,
+    NO_PROBES,
+    NO_SPECULATIVE_DECODING,
+    PEAKS_UNKNOWN,
+    SYNC_AUDIT_OFF,
+    WAITS_FOR_DROPS,
+    WAITS_FOR_ERRORS,
+    Dashboard,
+    NoData,
+    Panel,
+    Row,
+    Target,
+)
 from .rules import RULES_FILE, STATS, WINDOW, Latency, latency, recorded_name, stat_expr
 from .series import ERROR_TYPE, LAYER_TYPE, RANK, TOKEN_TYPE, braces, label, model_label, series
 
@@ -64,6 +81,11 @@ def _latency_description(what: str, metric: str) -> str:
             f"{prometheus_name(SPECS[metric])}.")
 
 
+def _no_data(reason: NoData, panels: tuple[Panel, ...]) -> tuple[Panel, ...]:
+    """The panels of a row that all wait for the same thing (continuous batching, speculative decoding)."""
+    return tuple(dataclasses.replace(p, no_data=reason) for p in panels)
+
+
 def _requests_row(q: Queries) -> Row:
     ttft, tpot, req = ("gen_ai.server.time_to_first_token", "gen_ai.server.time_per_output_token",
                        "gen_ai.server.request.duration")
@@ -101,7 +123,8 @@ def _requests_row(q: Queries) -> Row:
         Panel("Errors", "Failed generate() calls per second by exception type, and exceptions raised inside "
               "your own probes.",
               (Target(errors, f"generate(): {{{{{ERROR_TYPE}}}}}"),
-               Target(probe_errors, f"probe {{{{probe}}}}: {{{{{ERROR_TYPE}}}}}")), "short"),
+               Target(probe_errors, f"probe {{{{probe}}}}: {{{{{ERROR_TYPE}}}}}")), "short",
+              no_data=WAITS_FOR_ERRORS),
     ))
 
 
@@ -122,7 +145,7 @@ def _serving_row(q: Queries) -> Row:
     latency = tuple(Target(q.stat(metric, stat, *extra), f"{what} {stat} · rank {{{{{RANK}}}}}")
                     for metric, what, extra in ((ttft, "TTFT", host), (tpot, "TPOT", ()), (req, "end to end", ()))
                     for stat in ("p50", "p95"))
-    return Row("Serving (continuous batching)", (
+    return Row("Serving (continuous batching)", _no_data(NO_CONTINUOUS_BATCHING, (
         Panel("Queue time", _latency_description("From a request's arrival to the first step that schedules it",
                                                  queue), q.latency_targets(queue), "s"),
         Panel("Requests running and waiting", "Requests the continuous-batching scheduler is running "
@@ -146,7 +169,7 @@ def _serving_row(q: Queries) -> Row:
               "end-of-sequence token; length: token limit; cancelled; failed).",
               (Target(f"sum({q.rate(preempted)})", "preempted/s"),
                Target(f"sum by (finish_reason) ({q.rate(finished)})", "{{finish_reason}}/s")), "short"),
-    ))
+    )))
 
 
 def _steps_row(q: Queries) -> Row:
@@ -177,8 +200,9 @@ def _steps_row(q: Queries) -> Row:
               (Target(lp_all, "all logits processors"), Target(lp_each, "{{processor}}")), "percentunit"),
         _syncs_panel(q),
         Panel("Decoder layer time", "Mean and p95 of one decoder layer's forward, by layer class (sampled "
-              "on one decode step in N; instrument(model, layers=True)).",
-              q.latency_targets(layer, stats=("mean", "p95"), legend=f"{{{{{LAYER_TYPE}}}}} "), "s"),
+              "on one decode step in N).",
+              q.latency_targets(layer, stats=("mean", "p95"), legend=f"{{{{{LAYER_TYPE}}}}} "), "s",
+              no_data=LAYER_TIMING_OFF),
         Panel("Batch size", "Mean sequences per generate() call.",
               (Target(f"sum({q.rate(batch, 'sum')}) / sum({q.rate(batch, 'count')})", "mean batch size"),),
               "short"),
@@ -206,7 +230,7 @@ def _speculative_row(q: Queries) -> Row:
     spec_steps = by(emitted, "count", labels=f"instance, {RANK}, model")
     split = (f"sum by (instance, {RANK}, model, component) ({q.rate(comp, 'sum', parts)}) "
              f"/ ignoring(component) group_left {spec_steps}")
-    return Row("Speculative decoding", (
+    return Row("Speculative decoding", _no_data(NO_SPECULATIVE_DECODING, (
         Panel("Draft acceptance rate", "Draft tokens the main model accepted ÷ draft tokens proposed (assisted "
               "decoding, prompt lookup), by model and method (draft_model, prompt_lookup, early_exit, ...): the "
               f"rate of {series(accepted)} over the rate of {series(proposed)}.",
@@ -228,7 +252,7 @@ def _speculative_row(q: Queries) -> Row:
         Panel("Draft tokens proposed and accepted", "Draft tokens proposed to the main model and accepted by "
               "it, per second, by model and method.",
               (Target(by(proposed), f"proposed {who}"), Target(by(accepted), f"accepted {who}")), "short"),
-    ))
+    )))
 
 
 def _syncs_panel(q: Queries) -> Panel:
@@ -244,7 +268,8 @@ def _syncs_panel(q: Queries) -> Panel:
                  "(GPUPROBE_SYNC_AUDIT=N; on a CPU it counts what would synchronise on a GPU); the rate of "
                  f"{series(syncs)} over the rate of {series(audited)}. transformers' own stop check is one "
                  "per step in other; docs/sync-audit.md says where each one comes from.",
-                 (Target(per_component, "{{component}} {{processor}}"),), "short", stack=True)
+                 (Target(per_component, "{{component}} {{processor}}"),), "short", stack=True,
+                 no_data=SYNC_AUDIT_OFF)
 
 
 def _utilization_panels(q: Queries) -> tuple[Panel, ...]:
@@ -263,10 +288,8 @@ def _utilization_panels(q: Queries) -> tuple[Panel, ...]:
                    f"{{{{model}}}} {{{{phase}}}} {stat} · rank {{{{{RANK}}}}}")
             for stat in ("p50", "p90"))
         out.append(Panel(title, f"{what}, p50 and p90 over the steps by model and phase (device step time on "
-                         "GPUs, host step time on CPUs). Exported only where the peaks are known: the GPU "
-                         "table or GPUPROBE_PEAK_MEMORY_BANDWIDTH / GPUPROBE_PEAK_FLOPS; gpuprobe.info() "
-                         f"says why not (docs/utilization.md). Series: {prometheus_name(SPECS[metric])}.",
-                         targets, "percentunit"))
+                         f"GPUs, host step time on CPUs). Series: {prometheus_name(SPECS[metric])}.",
+                         targets, "percentunit", no_data=PEAKS_UNKNOWN))
     return tuple(out)
 
 
@@ -303,14 +326,18 @@ def _kernels_row(q: Queries) -> Row:
                 "the operators of the step are categorized instead of kernels. ")
     return Row("Kernels, probes and telemetry", (
         Panel("Kernel time by category", sampling + "Share of sampled kernel time by category (GEMM, "
-              "attention, ...).", (Target(share, "{{category}}"),), "percentunit", stack=True),
+              "attention, ...).", (Target(share, "{{category}}"),), "percentunit", stack=True,
+              no_data=KERNEL_SAMPLING_OFF),
         Panel("Kernel launches by category", sampling + "Launches per second in sampled steps; multiply by N "
-              "for the whole run.", (Target(f"sum by (category) ({q.rate(kl)})", "{{category}}"),), "short"),
+              "for the whole run.", (Target(f"sum by (category) ({q.rate(kl)})", "{{category}}"),), "short",
+              no_data=KERNEL_SAMPLING_OFF),
         Panel("Your probes", "Mean and p95 of each @probe / with probe() region.",
-              q.latency_targets(probe, stats=("mean", "p95"), legend="{{probe}} {{clock}} "), "s"),
+              q.latency_targets(probe, stats=("mean", "p95"), legend="{{probe}} {{clock}} "), "s",
+              no_data=NO_PROBES),
         Panel("Telemetry dropped", "Records gpuprobe could not keep, per second, by reason (full buffers, "
               "failed OTLP pushes, ...). Anything above zero means the other panels undercount.",
-              (Target(f"sum by (reason) ({q.rate('gpuprobe.telemetry.dropped')})", "{{reason}}"),), "short"),
+              (Target(f"sum by (reason) ({q.rate('gpuprobe.telemetry.dropped')})", "{{reason}}"),), "short",
+              no_data=WAITS_FOR_DROPS),
     ))
 
 
@@ -417,7 +444,7 @@ def ranks(inline: bool = False) -> Dashboard:
                   "s", gpu_only=True),
             Panel("Telemetry dropped by rank", "Records dropped per second, per rank and reason.",
                   (Target(f"sum by ({RANK}, reason) ({q.rate('gpuprobe.telemetry.dropped')})",
-                          f"{per_rank}: {{{{reason}}}}"),), "short"),
+                          f"{per_rank}: {{{{reason}}}}"),), "short", no_data=WAITS_FOR_DROPS),
         )),),
     )
 

@@ -8,10 +8,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
-from .grafana import fill, is_gpu_only, json_panels, label_values_query, regex_any
+from .model import NO_DATA_REASONS
+from .grafana import fill, is_gpu_only, json_panels, label_values_query, no_data_reason, regex_any
 from .prometheus_api import Prometheus, PrometheusError, PrometheusUnreachableError
 
-__all__ = ["QueryResult", "variable_values", "verify"]
+__all__ = ["QueryResult", "variable_values", "verify", "summary"]
 
 
 def variable_values(prom: Prometheus, dashboard: Mapping[str, Any]) -> dict[str, list[str]]:
@@ -36,10 +37,17 @@ def variable_values(prom: Prometheus, dashboard: Mapping[str, Any]) -> dict[str,
 class QueryResult:
     """One panel query run against Prometheus.
 
+    Attributes:
+        no_data: the panel's documented reason to show no data (``"needs a GPU"``, ``"waits for an
+            error"``, ...; see :data:`~.model.NO_DATA_REASONS`), or None.
+
     Example:
         >>> r = QueryResult("d", "Batch size", "A", "sum(x)", gpu_only=False, series=2)
         >>> r.ok, str(r)
         (True, 'd / Batch size / A: ok (2 series) — sum(x)')
+        >>> r = QueryResult("d", "Errors", "A", "sum(y)", gpu_only=False, series=0, no_data="waits for an error")
+        >>> r.excused, str(r)
+        (True, 'd / Errors / A [waits for an error]: no data (0 series) — sum(y)')
     """
 
     dashboard: str
@@ -49,16 +57,22 @@ class QueryResult:
     gpu_only: bool
     series: int
     error: str | None = None
+    no_data: str | None = None
 
     @property
     def ok(self) -> bool:
         """It ran and returned at least one series with a number."""
         return self.error is None and self.series > 0
 
+    @property
+    def excused(self) -> bool:
+        """It ran and returned nothing, in a panel documented to be empty for a reason (``no_data``)."""
+        return self.error is None and self.series == 0 and self.no_data is not None
+
     def __str__(self) -> str:
         state = "ok" if self.ok else (f"error: {self.error}" if self.error else "no data")
-        gpu = " [GPU only]" if self.gpu_only else ""
-        return f"{self.dashboard} / {self.panel} / {self.ref}{gpu}: {state} ({self.series} series) — {self.expr}"
+        why = f" [{self.no_data}]" if self.no_data else ""
+        return f"{self.dashboard} / {self.panel} / {self.ref}{why}: {state} ({self.series} series) — {self.expr}"
 
 
 def _finite(sample: Mapping[str, Any]) -> bool:
@@ -84,7 +98,8 @@ def verify(prom: Prometheus | str, dashboards_json: Iterable[Mapping[str, Any]],
         gpu_only: None for every panel; True for only GPU-only panels; False for only the others.
 
     Returns:
-        One :class:`QueryResult` per query; ``ok`` tells whether it returned data.
+        One :class:`QueryResult` per query; ``ok`` tells whether it returned data, ``excused`` whether it
+        returned none in a panel documented to be empty for a reason.
 
     Raises:
         PrometheusUnreachableError: Prometheus cannot be reached; the message names the URL.
@@ -110,6 +125,7 @@ def verify(prom: Prometheus | str, dashboards_json: Iterable[Mapping[str, Any]],
             flagged = is_gpu_only(panel)
             if gpu_only is not None and flagged != gpu_only:
                 continue
+            reason = no_data_reason(panel)
             for target in panel.get("targets", []):
                 expr = fill(str(target["expr"]), values, rate_interval)
                 try:
@@ -120,5 +136,61 @@ def verify(prom: Prometheus | str, dashboards_json: Iterable[Mapping[str, Any]],
                 except PrometheusError as exc:
                     found, error = 0, str(exc)
                 results.append(QueryResult(str(board.get("uid")), str(panel.get("title")),
-                                           str(target.get("refId")), expr, flagged, found, error))
+                                           str(target.get("refId")), expr, flagged, found, error,
+                                           reason.reason if reason else None))
     return results
+
+
+def _panels(results: Sequence[QueryResult], of: Sequence[QueryResult]) -> list[str]:
+    """``dashboard / panel`` of each panel among ``results``, with how many of its queries when not all."""
+    total: dict[tuple[str, str], int] = {}
+    for r in of:
+        total[(r.dashboard, r.panel)] = total.get((r.dashboard, r.panel), 0) + 1
+    picked: dict[tuple[str, str], int] = {}
+    for r in results:
+        picked[(r.dashboard, r.panel)] = picked.get((r.dashboard, r.panel), 0) + 1
+    return [f"{d} / {p}" + ("" if n == total[(d, p)] else f" ({n} of its {total[(d, p)]} queries)")
+            for (d, p), n in picked.items()]
+
+
+def _queries(n: int) -> str:
+    return f"{n} {'query' if n == 1 else 'queries'}"
+
+
+def summary(results: Sequence[QueryResult]) -> tuple[list[str], bool]:
+    """What ``--verify`` prints after the queries: the true count of queries with data, the panels empty
+    for a documented reason listed by reason, and the failures (a query Prometheus refused, or no data in
+    a panel with no documented reason to be empty).
+
+    Returns:
+        The lines, and whether anything failed.
+
+    Example:
+        >>> ok = QueryResult("d", "Batch size", "A", "x", gpu_only=False, series=1)
+        >>> gpu = QueryResult("d", "SM clock", "A", "y", gpu_only=True, series=0, no_data="needs a GPU")
+        >>> lines, failed = summary([ok, gpu])
+        >>> print("\\n".join(lines)); failed
+        1 of 2 queries returned data.
+        1 query returned no data in panels that are empty for a documented reason:
+          needs a GPU (1 query):
+            d / SM clock
+        False
+    """
+    lines = [f"{sum(r.ok for r in results)} of {_queries(len(results))} returned data."]
+    excused = [r for r in results if r.excused]
+    if excused:
+        lines.append(f"{_queries(len(excused))} returned no data in panels that are empty for a documented reason:")
+        known = [r.reason for r in NO_DATA_REASONS]
+        for reason in sorted({r.no_data for r in excused}, key=lambda x: (known.index(x) if x in known else 99, x)):
+            these = [r for r in excused if r.no_data == reason]
+            lines.append(f"  {reason} ({_queries(len(these))}):")
+            lines.extend(f"    {panel}" for panel in _panels(these, results))
+    errors = [r for r in results if r.error is not None]
+    empty = [r for r in results if r.error is None and not r.ok and r.no_data is None]
+    if empty:
+        lines.append(f"{_queries(len(empty))} returned no data in panels with no documented reason to be empty:")
+        lines.extend(f"  {r.dashboard} / {r.panel} / {r.ref}" for r in empty)
+    if errors:
+        lines.append(f"{_queries(len(errors))} failed:")
+        lines.extend(f"  {r.dashboard} / {r.panel} / {r.ref}: {r.error}" for r in errors)
+    return lines, bool(empty or errors)
