@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -130,6 +131,7 @@ def diff(
     progress: Callable[[int, int], None] | None = None,
     thresholds: Mapping[str, float] | Sequence[str] | None = None,
     jobs: int | None = None,
+    executor: concurrent.futures.Executor | None = None,
 ) -> DiffReport:
     """Compare two traces: overview, categories, kernel families, ranges, memory, CPU operators.
 
@@ -150,6 +152,8 @@ def diff(
         thresholds: As in :func:`gpuprobe.report.analyze`; the ``regression.*`` ones decide which
             categories and families have regressed.
         jobs: For a directory of rank traces (``a`` or ``b``): worker processes at most.
+        executor: For a directory of rank traces: run each rank as a task of this executor instead
+            (see :func:`gpuprobe.report.analyze_ranks`).
 
     Returns:
         The :class:`DiffReport`; its ``findings`` open with the verdict (better, worse, mixed or
@@ -178,7 +182,7 @@ def diff(
 
         if several_ranks(x):  # the ranks of one run (a directory, an nsys export of several processes): merged
             return analyze_ranks(
-                [x], top=_ALL, step_pattern=step_pattern, engine=engine, jobs=jobs, thresholds=limits
+                [x], top=_ALL, step_pattern=step_pattern, engine=engine, jobs=jobs, thresholds=limits, executor=executor
             )[0]
         return analyze(
             x,

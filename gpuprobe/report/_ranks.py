@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpuprobe.errors import ConfigError
-from gpuprobe.report._analysis import Options, build_report
+from gpuprobe.report._analysis import Options, build_report, small_ns_of
 from gpuprobe.report._comm import collective_starts
 from gpuprobe.report._errors import ReportInputError
 from gpuprobe.report._findings import order, parse_thresholds
@@ -202,7 +202,7 @@ def analyze_ranks(
     if executor is not None and not isinstance(executor, concurrent.futures.Executor):
         raise ConfigError(f"executor must be a concurrent.futures.Executor, not {type(executor).__name__}")
     limits = parse_thresholds(thresholds if not isinstance(thresholds, str) else [thresholds])
-    options = Options(top=_ALL, step_pattern=step_pattern, small_ns=int(round(small_us * 1000)), thresholds=limits)
+    options = Options(top=_ALL, step_pattern=step_pattern, small_ns=small_ns_of(small_us), thresholds=limits)
     units = rank_units(files)
     if executor is not None:
         results = _run_on(executor, units, options, engine, progress, top)
@@ -276,20 +276,43 @@ def _run_on(
     progress: Callable[[int, int], None] | None,
     longest: int,
 ) -> list[RankResult]:
-    """Each rank as one task of the caller's executor; results in ``units`` order."""
+    """Each rank as one task of the caller's executor; results in ``units`` order.
+
+    The tasks get absolute paths (an executor's workers may run elsewhere, in another directory: they
+    must see the same files there); the results show the paths as given.
+    """
     spec = _task_spec(options, engine, longest)
-    futures = {executor.submit(rank_task, path, process, spec): i for i, (path, process) in enumerate(units)}
+    futures = {
+        executor.submit(rank_task, os.path.abspath(path), process, spec): i for i, (path, process) in enumerate(units)
+    }
     out: list[RankResult | None] = [None] * len(units)
     try:
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             i = futures[future]
-            out[i] = _unpack(units[i][0], future.result())
+            path = units[i][0]
+            try:
+                outcome = future.result()
+            except Exception as exc:  # rank_task returns every error of its own: this is the executor's
+                detail = " ".join(str(exc).split())[:300]
+                raise ConfigError(
+                    f"the executor could not run the rank of {path} ({type(exc).__name__}: {detail}); its workers "
+                    "must import gpuprobe and read the trace at the same path"
+                ) from None
+            out[i] = _as_given(_unpack(path, outcome), os.path.abspath(path), path)
             if progress is not None:
                 progress(done, len(units))
     finally:
         for future in futures:
             future.cancel()  # after a failure, the ranks not yet started are not run for nothing
     return [r for r in out if r is not None]
+
+
+def _as_given(result: RankResult, absolute: str, given: str) -> RankResult:
+    """A task's result with the trace's path as the caller gave it (the task read it by its absolute path)."""
+    if absolute != given:
+        result.path = result.path.replace(absolute, given, 1)
+        result.report.summary.path = result.report.summary.path.replace(absolute, given, 1)
+    return result
 
 
 def _task_spec(options: Options, engine: str, longest: int) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from gpuprobe.errors import ConfigError, MissingDependencyError
 from gpuprobe.report._analysis import analyze
 from gpuprobe.report._diff import NORMALIZE, diff
 from gpuprobe.report._errors import ReportInputError
+from gpuprobe.report._executors import EXECUTOR_HELP, is_local, open_executor
 from gpuprobe.report._findings import THRESHOLDS, worst_at_least
 from gpuprobe.report._ranks import analyze_ranks, several_ranks
 from gpuprobe.report._render import FORMATS, plot, render
@@ -159,6 +160,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="several ranks: read at most N traces at once, one process each (default: the CPU count)",
     )
+    parser.add_argument("--executor", metavar="WHERE", default=None, help=EXECUTOR_HELP)
     parser.add_argument(
         "--debug", action="store_true", help="on an internal error, show the traceback (for a bug report)"
     )
@@ -321,6 +323,8 @@ def main_report(argv: list[str]) -> int:
             return _ranks(args, shown)
         if args.by_rank:
             raise ConfigError("--by-rank needs several traces (files, or a directory of them)")
+        if not is_local(args.executor):
+            raise ConfigError("--executor runs the ranks of several traces (files, or a directory of them), not one")
         progress = _progress(args, os.path.basename(args.trace[0]))
         try:
             report = analyze(
@@ -388,16 +392,18 @@ def _ranks(args: argparse.Namespace, shown: list[str]) -> int:
     wanted = args.progress if args.progress is not None else sys.stderr.isatty()
     progress = _RankProgress("ranks", sys.stderr) if wanted else None
     try:
-        merged, results = analyze_ranks(
-            args.trace,
-            top=args.top,
-            step_pattern=args.step_pattern,
-            small_us=args.small_us,
-            engine=args.engine,
-            jobs=args.jobs,
-            thresholds=args.threshold,
-            progress=progress,
-        )
+        with open_executor(args.executor) as executor:
+            merged, results = analyze_ranks(
+                args.trace,
+                top=args.top,
+                step_pattern=args.step_pattern,
+                small_us=args.small_us,
+                engine=args.engine,
+                jobs=args.jobs,
+                thresholds=args.threshold,
+                progress=progress,
+                executor=executor,
+            )
     finally:
         if progress is not None:
             progress.close()
@@ -481,21 +487,25 @@ def main_diff(argv: list[str]) -> int:
             return EXIT_OK
         if any(ncu):
             raise ConfigError("one Nsight Compute export and one timeline trace: diff compares two of a kind")
+        if not is_local(args.executor) and not (several_ranks(args.a) or several_ranks(args.b)):
+            raise ConfigError("--executor runs the ranks of several traces (a directory of them), not one")
         progress = _progress(args, "traces")
         try:
-            result = diff(
-                args.a,
-                args.b,
-                normalize=args.normalize,
-                tokens_a=args.tokens_a,
-                tokens_b=args.tokens_b,
-                top=args.top,
-                step_pattern=args.step_pattern,
-                engine=args.engine,
-                progress=progress,
-                thresholds=args.threshold,
-                jobs=args.jobs,
-            )
+            with open_executor(args.executor) as executor:
+                result = diff(
+                    args.a,
+                    args.b,
+                    normalize=args.normalize,
+                    tokens_a=args.tokens_a,
+                    tokens_b=args.tokens_b,
+                    top=args.top,
+                    step_pattern=args.step_pattern,
+                    engine=args.engine,
+                    progress=progress,
+                    thresholds=args.threshold,
+                    jobs=args.jobs,
+                    executor=executor,
+                )
         finally:
             if progress is not None:
                 progress.close()
