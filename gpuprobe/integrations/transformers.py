@@ -333,7 +333,7 @@ def _own_generate(root: type, patch: _ClassPatch, sub: type) -> None:
 
 def _subclasses(cls: type) -> list[type]:
     found: list[type] = []
-    todo = list(type.__subclasses__(cls))
+    todo: list[type] = list(type.__subclasses__(cls))
     while todo:
         sub = todo.pop()
         if sub not in found:
@@ -352,7 +352,7 @@ def _subclass_hook(root: type, patch: _ClassPatch) -> Any:
         if previous is not None:
             previous.__get__(None, sub)(**kwargs)
         else:
-            super(root, sub).__init_subclass__(**kwargs)  # type: ignore[misc]
+            super(root, sub).__init_subclass__(**kwargs)  # type: ignore[misc, arg-type]
 
     def after(token: Any, result: Any, error: BaseException | None) -> None:
         if error is None and token is not None and _class_patches.get(root) is patch:

@@ -46,6 +46,8 @@ class Plain:
     def __init__(self) -> None:
         self.forwards = 0
         self.steps: list[tuple[int, int]] = []  # (draft tokens, accepted) per verification step
+        self.candidates: list[list[int]] = []  # the candidate ids each draft proposed
+        self.processors: list[Any] = []  # the logits processors the candidate generator keeps for its drafts
 
     @property
     def drafted(self) -> int:
@@ -71,7 +73,15 @@ def watch(model: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plain]:
 
     def get_candidate_generator(self: Any, *args: Any, **kwargs: Any) -> Any:
         generator = original(self, *args, **kwargs)
-        update = generator.update_candidate_strategy
+        update, draft = generator.update_candidate_strategy, generator.get_candidates
+
+        def get_candidates(*a: Any, **k: Any) -> Any:
+            found = draft(*a, **k)
+            plain.candidates.append(found[0].flatten().tolist())
+            return found
+
+        generator.get_candidates = get_candidates
+        plain.processors = list(getattr(generator, "logits_processor", None) or [])
 
         def record(input_ids: Any, scores: Any, num_matches: int) -> Any:
             plain.steps.append((scores.shape[1] - 1, int(num_matches)))
@@ -97,6 +107,9 @@ def assistant_of(model: Any, noise: float = 0.0) -> Any:
     import copy
 
     assistant = copy.deepcopy(model)
+    # transformers keeps the draft length its heuristic reached in the draft model's generation config, so a
+    # second call would not draft as the first did: a constant draft length keeps the calls alike.
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
     with torch.no_grad():
         torch.manual_seed(7)
         assistant.lm_head.weight.add_(torch.randn_like(assistant.lm_head.weight) * noise)
@@ -215,7 +228,9 @@ def test_an_instrumented_draft_model_reports_no_requests_of_its_own(make_model, 
     uninstrument(assistant)
 
 
-def test_encoder_decoder_assisted_decoding_counts_no_decoder_start_token(monkeypatch, device_backend) -> None:
+@pytest.mark.parametrize("noise", [0.0, 0.01], ids=["drafts-accepted", "drafts-rejected"])
+def test_encoder_decoder_assisted_decoding_counts_no_decoder_start_token(monkeypatch, device_backend,
+                                                                         noise: float) -> None:
     t = transformers
     cfg = t.BartConfig(vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
@@ -223,7 +238,7 @@ def test_encoder_decoder_assisted_decoding_counts_no_decoder_start_token(monkeyp
                        forced_eos_token_id=None)
     torch.manual_seed(0)
     model = t.BartForConditionalGeneration(cfg).eval()
-    assistant = assistant_of(model, 0.0)
+    assistant = assistant_of(model, noise)
     ids = prompt(length=6)
     kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, assistant_model=assistant)
     with watch(model, monkeypatch) as plain:
@@ -272,3 +287,25 @@ def test_the_sync_audit_attributes_the_verification(make_model) -> None:
     components = {p.labels["component"] for md in gpuprobe.collect() if md.spec.name == "gpuprobe.step.syncs"
                   for p in md.points if p.value}
     assert "verify" in components  # the number of accepted tokens, read on the host to slice the tokens
+
+
+def test_the_draft_model_drafts_as_it_does_without_gpuprobe(make_model, monkeypatch) -> None:
+    # The candidate generator hands the call's logits processors to the draft model's generate(), which
+    # merges them with its own by type: it must get the processors themselves, not gpuprobe's stand-ins.
+    model = make_model("llama")
+    assistant = assistant_of(model, 0.05)
+    ids = prompt(length=6)
+    kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, assistant_model=assistant,
+              repetition_penalty=1.5, no_repeat_ngram_size=2)
+    with watch(model, monkeypatch) as plain:
+        ref = model.generate(ids, **kw)
+    with watch(model, monkeypatch) as measured:
+        instrument(model, model_name="main")  # its seam runs the watched method underneath
+        out = model.generate(ids, **kw)
+    assert torch.equal(ref, out)
+    assert measured.candidates == plain.candidates
+    assert measured.steps == plain.steps
+    handed = [p for p in measured.processors if p is not None]
+    assert handed and all(type(p) is p.__class__ for p in handed)  # no stand-in among them
+    assert counts("gpuprobe.step.component.duration", component="logits_processor",
+                  processor="NoRepeatNGramLogitsProcessor") > 0  # the verification's processors are timed

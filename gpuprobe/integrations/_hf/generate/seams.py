@@ -123,12 +123,19 @@ def _candidates_before(state: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     if ctx is None or not ctx.live or ctx.prefilled:
         return None
     reader = state.readers["_get_candidate_generator"]
-    return ctx, reader.get(args, kwargs, "input_ids"), reader.get(args, kwargs, "generation_config")
+    processors = reader.get(args, kwargs, "logits_processor")
+    # The candidate generator keeps a copy of the call's logits processors for its draft model, whose
+    # generate() merges them with its own by type: it gets the processors themselves, not stand-ins.
+    state.untime_elements(processors)
+    return ctx, reader.get(args, kwargs, "input_ids"), reader.get(args, kwargs, "generation_config"), processors
 
 
 def _candidates_after(state: Any, token: Any, generator: Any, error: BaseException | None) -> None:
-    if token is not None and error is None:
-        ctx, ids, generation_config = token
+    if token is None:
+        return
+    ctx, ids, generation_config, processors = token
+    state.time_elements(processors, ctx, False)  # the main model's verification is timed again
+    if error is None:
         state.speculate(ctx, ids, generation_config, generator)
 
 
@@ -225,7 +232,7 @@ METHOD_SEAMS = (
     MethodSeam(SEAM_STOPPING, after=_stopping_after),
     MethodSeam(SEAM_COMPILED, _compiled_before, required=False),
     MethodSeam(SEAM_CANDIDATES, _candidates_before, _candidates_after, required=False,
-               optional_reads=("input_ids", "generation_config")),
+               optional_reads=("input_ids", "generation_config", "logits_processor")),
     MethodSeam(SEAM_CONTINUOUS, after=_continuous_after, required=False),
 )
 """The seams :func:`~gpuprobe.integrations.transformers.instrument` installs on a model, in order."""

@@ -100,6 +100,13 @@ class StepMachine:
     memory: bool
     kv_cache: bool
     memory_every: int
+    # Methods of the other parts of ModelState (layers.LayerTiming, state.ModelState) the steps call.
+    nvtx: Callable[..., Any]
+    devices_for: Callable[[Any, int], tuple[int, ...]]
+    acquire_layers: Callable[[], None]
+    release_layers: Callable[[], None]
+    no_layer_ran: Callable[[], None]
+    read_gauges: Callable[[Call], None]
 
     def place_call(self, model: Any, ctx: Call, ids: Any) -> None:
         """Where this call's work runs: the device of its input ids (CPU inputs: no device time)."""

@@ -205,6 +205,12 @@ class ElementTiming:
                 cache[key] = info
         return info
 
+    def untime_elements(self, lst: Any) -> None:
+        """Put the elements of ``lst`` back for a while (a speculative call's candidate generator copies them:
+        its draft model merges them with its own by their type, which a stand-in's is not)."""
+        if isinstance(lst, list):
+            _untime_elements(lst)
+
     def time_elements(self, lst: Any, ctx: Call, criterion: bool) -> None:
         """Put stand-ins in place of the elements of ``lst`` (transformers' list for this call); the call's
         end puts the elements back."""
