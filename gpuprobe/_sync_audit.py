@@ -405,8 +405,12 @@ class SyncSites:
         who = where[0] if where[1] is None else f"{where[0]} {where[1]}"
         inside = f" (inside transformers at {via})" if via is not None else ""
         try:
+            from .experiment.remedies import variant_for_sync_site  # a leaf table; read on a first sighting only
+
+            variant = variant_for_sync_site(where[0], where[1])
+            measure = f"; gpuprobe try MODEL --variants {variant} measures the run without it" if variant else ""
             self._warn(f"sync:{key}", f"gpuprobe: sync audit: {op} in {who} forces a device-to-host "
-                                      f"synchronisation on an accelerator, at {site}{inside}")
+                                      f"synchronisation on an accelerator, at {site}{inside}{measure}")
         except Exception:  # warnings turned into errors (-W error): telemetry never raises into the program
             pass
 

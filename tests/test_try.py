@@ -518,6 +518,28 @@ def test_every_finding_the_table_names_is_a_rule_of_the_report_and_its_variants_
     assert variant_for_sync_site("stopping_criteria", "StopOnWord") == "no-stopping-criterion:StopOnWord"
 
 
+class SyncsForTheWarning(transformers.LogitsProcessor):
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        int(input_ids[0, -1])
+        return scores
+
+
+def test_the_sync_audit_warning_names_the_variant_that_measures_the_run_without_the_processor(model: Any) -> None:
+    import gpuprobe
+    from gpuprobe.integrations.transformers import instrument, uninstrument
+
+    gpuprobe.configure(sync_audit=1)
+    try:
+        with pytest.warns(RuntimeWarning) as caught:
+            instrument(model).generate(**prompt(), max_new_tokens=2, do_sample=False,
+                                       logits_processor=transformers.LogitsProcessorList([SyncsForTheWarning()]))
+    finally:
+        uninstrument(model)
+    messages = [str(w.message) for w in caught if "SyncsForTheWarning" in str(w.message)]
+    assert messages and messages[0].endswith(
+        "; gpuprobe try MODEL --variants no-logits-processor:SyncsForTheWarning measures the run without it")
+
+
 def test_importing_gpuprobe_leaves_the_experiment_and_importing_it_leaves_torch() -> None:
     proc = run_python("import sys, gpuprobe; print('gpuprobe.experiment' in sys.modules)")
     assert proc.stdout.strip() == "False", proc.stderr
