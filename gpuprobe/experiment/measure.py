@@ -115,10 +115,12 @@ class Meter:
         cuda: the model runs on a CUDA device (device clock, peak memory, a synchronize after each call).
         launches: count kernel launches per step in the audited call (default: on CUDA; on a CPU the
             sampler counts the step's leaf operators instead, no launches).
+        device: the CUDA device the model runs on (``cuda:1``); default: the current one.
     """
 
-    def __init__(self, cuda: bool, launches: bool | None = None) -> None:
+    def __init__(self, cuda: bool, launches: bool | None = None, device: str | None = None) -> None:
         self.cuda = cuda
+        self.device = device
         self.launches = cuda if launches is None else launches
         self.clock = "device" if cuda else "host"
         self._probe = gpuprobe.probe(PROBE, kind="try", device_every=1)
@@ -134,13 +136,13 @@ class Meter:
 
     def _settle(self) -> None:
         if self.cuda:
-            self._torch.cuda.synchronize()  # between calls, outside what is timed: device timings resolve
+            self._torch.cuda.synchronize(self.device)  # between calls, outside what is timed: device timings resolve
 
     def call(self, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> tuple[Any, CallFigures]:
         """Run ``fn(**kwargs)`` once, measured; returns its output and figures."""
         self._settle()
         if self.cuda:
-            self._torch.cuda.reset_peak_memory_stats()
+            self._torch.cuda.reset_peak_memory_stats(self.device)
         self._exporter.clear()
         with self._probe:
             out = fn(**kwargs)
@@ -153,7 +155,7 @@ class Meter:
         before = runtime().settings.sync_audit
         self._settle()
         self._exporter.clear()
-        sampler = KernelSampler(1).attach() if self.launches else None
+        sampler = self._sampler()
         gpuprobe.configure(sync_audit=1)
         try:
             with warnings.catch_warnings():
@@ -189,6 +191,14 @@ class Meter:
         finally:
             written = window.stop()
         return written if written is not None else (window.error or "no step ran inside the window")
+
+    def _sampler(self) -> KernelSampler | None:
+        if not self.launches:
+            return None
+        try:
+            return KernelSampler(1).attach()
+        except Exception:  # launches per step are an extra: the audit goes on without them
+            return None
 
     def _figures(self, obs: list[Observation]) -> CallFigures:
         by: dict[str, list[Observation]] = defaultdict(list)

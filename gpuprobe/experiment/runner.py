@@ -175,7 +175,7 @@ def try_remedies(model: Any, inputs: Any, *, budget: float | str = 60.0, variant
     copies, copy_skips = _copies(model, machine, facts, loads[0], asked, extra)
     results: list[WorkloadResult] = []
     with _instrumented([model] + [p.model for p in copies.values()]):
-        meter = Meter(machine.cuda)
+        meter = Meter(machine.cuda, device=machine.device if machine.cuda else None)
         try:
             for i, load in enumerate(loads):
                 share = (deadline - time.perf_counter() - _RESERVE_S) / (len(loads) - i)
