@@ -351,6 +351,39 @@ def test_the_audited_call_counts_syncs_by_processor_and_samples_the_steps(model:
         assert audit.launches_per_step > 0  # no CUDA: the sampler counts the step's leaf operators
 
 
+def test_on_a_gpu_the_figures_are_read_on_the_device_clock_and_the_rate_on_the_host_one() -> None:
+    """What one call on a GPU records (both clocks), as the meter reads it; written out, not run on a GPU."""
+    from gpuprobe.experiment.measure import Meter
+    from gpuprobe.testing import Observation
+
+    def ob(metric: str, value: float, **attrs: str) -> Observation:
+        return Observation(metric, dict(attrs), value)
+
+    recorded = [
+        ob("gpuprobe.probe.duration", 0.50, probe="gpuprobe.try", clock="host"),
+        ob("gpuprobe.probe.duration", 0.40, probe="gpuprobe.try", clock="device"),
+        ob("gen_ai.server.time_to_first_token", 0.10, clock="host"),
+        ob("gen_ai.server.time_to_first_token", 0.08, clock="device"),
+        ob("gen_ai.server.time_per_output_token", 0.05),
+        ob("gpuprobe.inter_token.duration", 0.02, clock="device"),
+        ob("gpuprobe.inter_token.duration", 0.04, clock="device"),
+        ob("gpuprobe.step.duration", 0.09, phase="prefill", clock="host"),
+        ob("gpuprobe.step.duration", 0.07, phase="prefill", clock="device"),
+        ob("gpuprobe.step.duration", 0.03, phase="decode", clock="device"),
+        ob("gpuprobe.step.duration", 0.03, phase="decode", clock="device"),
+        ob("gen_ai.client.token.usage", 5, **{"gen_ai.token.type": "output"}),
+        ob("gpuprobe.memory.peak", 2e9, device="cuda:0"),
+        ob("gpuprobe.memory.peak", 3e9, device="cuda:0"),
+    ]
+    figures = Meter(cuda=True)._figures(recorded)
+    assert (figures.clock, figures.call_s, figures.ttft_s) == ("device", 0.40, 0.08)
+    assert figures.tpot_s == pytest.approx(0.03) and figures.prefill_s == 0.07 and figures.decode_s == 0.06
+    assert figures.tokens_per_s == pytest.approx(5 / 0.50) and figures.peak_memory_bytes == 3e9
+    on_cpu = Meter(cuda=False)._figures(recorded)
+    assert (on_cpu.clock, on_cpu.call_s, on_cpu.ttft_s, on_cpu.tpot_s, on_cpu.peak_memory_bytes) == (
+        "host", 0.50, 0.10, 0.05, None)
+
+
 # ---------------------------------------------------------------------------------------------- the experiment
 
 def test_a_planted_slowdown_is_found_and_its_removal_measured_faster(planted: dict[str, Any]) -> None:
