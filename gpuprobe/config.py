@@ -144,7 +144,8 @@ def _trace_name(name: str, raw: Any) -> str:
     try:
         specs = [spec for _, field, spec, _ in string.Formatter().parse(text) if field is not None and spec]
     except ValueError as exc:
-        raise ConfigError(f"{name} is not a valid name pattern ({exc}), got {raw!r}") from None
+        raise ConfigError(f"{name} may use the fields {{first}} {{last}} {{rank}} {{pid}} {{reason}} only, "
+                          f"got {raw!r} ({exc})") from None
     bad = [spec for spec in specs if not _NAME_SPEC.match(spec)]
     if bad:
         raise ConfigError(f"{name} may pad a field to at most 99 characters (such as {{first:05d}}), "
