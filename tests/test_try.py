@@ -28,8 +28,7 @@ from gpuprobe.experiment import (Variant, remedy_line, render, try_command, try_
 from gpuprobe.experiment.outputs import match, new_tokens  # noqa: E402
 from gpuprobe.experiment.remedies import REMEDY_VARIANTS  # noqa: E402
 from gpuprobe.experiment.stats import MIN_ROUNDS, compare, spread  # noqa: E402
-from gpuprobe.experiment.variants import (Machine, NotRun, catalogue, machine_facts, model_facts,  # noqa: E402
-                                          processor_variants)
+from gpuprobe.experiment.variants import Machine, NotRun, catalogue, machine_facts, processor_variants  # noqa: E402
 from gpuprobe.integrations.transformers import is_instrumented  # noqa: E402
 
 EXAMPLE = Path(ROOT) / "examples" / "try_remedies.py"
