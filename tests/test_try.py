@@ -451,6 +451,19 @@ def test_sweeps_make_one_table_per_prompt_length_and_batch_size(model: Any) -> N
     assert any("fewer than" in n for n in result.notes)  # one round: figures without verdicts, and it says so
 
 
+def test_a_variant_that_fails_is_reported_failed_and_the_others_still_run(model: Any) -> None:
+    broken = Variant("broken", "a change that breaks generate()", 'generate_kwargs["max_new_tokens"] = "many"')
+    nothing = Variant("nothing", "no change", "pass")
+    result = try_remedies(model, {**prompt(), "max_new_tokens": 2}, budget="30s", variants=["broken", "nothing"],
+                          extra=[broken, nothing], max_rounds=1)
+    w = result.workloads[0]
+    failed = _variant(result, "broken")
+    assert failed.error is not None and failed.figures == {}
+    assert [v.name for v in w.variants] == ["nothing", "broken"]  # the failed one ranked last
+    assert _variant(result, "nothing").figures["tokens_per_s"].n == 1
+    assert "| broken |" not in render(result, "text") and "failed: " in render(result, "text")
+
+
 # ---------------------------------------------------------------------------------------------- the command line
 
 def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
