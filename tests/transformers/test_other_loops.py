@@ -104,7 +104,7 @@ def test_synced_gpus_counts_no_step_after_a_rank_is_done() -> None:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=str(ROOT))
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
     procs = [subprocess.Popen([sys.executable, str(worker)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     results = {}

@@ -132,3 +132,27 @@ def test_a_model_class_defined_after_instrument_all_is_measured_at_its_own_gener
         uninstrument_all()
     assert "generate" in Stripped.__dict__ and not getattr(Stripped.generate, "_gpuprobe_class_wrapper", False)
     assert "__init_subclass__" not in t.GenerationMixin.__dict__
+
+
+def test_a_generate_that_runs_two_decoding_loops_is_one_request_with_both_loops_steps() -> None:
+    class TwoPasses(t.LlamaForCausalLM):  # continues its own output with a second decoding loop
+        def generate(self, inputs: Any = None, **kwargs: Any) -> Any:
+            first = super().generate(inputs, **kwargs)
+            return super().generate(first, **kwargs)
+
+    cfg = t.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = TwoPasses(cfg).eval()
+    ids = prompt(length=6)
+    kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    ref = model.generate(ids, **kw)
+    instrument(model, model_name="two")
+    try:
+        assert torch.equal(ref, model.generate(ids, **kw))
+        assert counts("gen_ai.server.request.duration", **{"gen_ai.request.model": "two"}) == 1
+        assert output_tokens("two") == 2 * 4
+        assert steps("two") == (2, 2 * 3, 2 * 4 - 1)  # each loop's first step is a prefill
+        assert counts("gen_ai.server.time_to_first_token", **{"gen_ai.request.model": "two"}, clock="host") == 1
+    finally:
+        uninstrument(model)

@@ -44,8 +44,9 @@ def _free_port() -> int:
 def test_gpuprobe_run_exports_the_speculative_metrics(tmp_path: Path) -> None:
     app = tmp_path / "app.py"
     app.write_text(textwrap.dedent(APP))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPROBE_", "PYTHONPATH"))}
-    env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env.update(PYTHONPATH=path, CUDA_VISIBLE_DEVICES="")
     done = subprocess.run([sys.executable, "-m", "gpuprobe", "run", "--port", str(_free_port()), "--",
                            sys.executable, str(app)], cwd=tmp_path, env=env, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
