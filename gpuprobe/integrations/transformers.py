@@ -9,8 +9,8 @@ Quickstart::
 
 Per ``generate()`` call: time to first token, request duration (``error.type`` on failure), input and
 output token usage, batch size, calls in flight, and an NVTX range. Per step: prefill/decode step time
-(host clock, and device clock from CUDA events on GPUs), one time-per-output-token sample per decode
-step, and the step's components — ``forward``, each logits processor by class (those transformers
+(host clock, and device clock from CUDA events on GPUs), one inter-token sample per output token after
+the first, and the step's components — ``forward``, each logits processor by class (those transformers
 builds from the generation config included), ``stopping_criteria``, ``streamer`` and ``other`` — that
 add up to the step. Opt-in: decoder-layer times sampled every N decode steps. Memory and KV-cache
 gauges every ``memory_every`` steps and at the end of each call. See ``docs/transformers.md``.
@@ -25,8 +25,10 @@ Continuous batching (``generate_batch``, ``init_continuous_batching``, ``transfo
 request, per scheduler step and the paged KV cache (see :mod:`._hf.continuous` and ``docs/serving.md``).
 
 Supported: transformers >= 5.18, < 6 (tested with 5.18 and 5.24, docs/compatibility.md); greedy, sampling and beam search, static and
-dynamic caches, streamers, user logits processors and stopping criteria. Other decoding modes
-(assisted decoding, custom ``generate`` functions) get the per-call metrics only.
+dynamic caches, streamers, user logits processors and stopping criteria; assisted decoding and prompt
+lookup, step by step with their drafts and what the main model accepts (:mod:`._hf.generate.speculative`);
+models with a ``generate()`` of their own (Whisper, MusicGen). The modes transformers moved to the Hub and
+``custom_generate`` functions get the per-call metrics only (the table in ``docs/transformers.md``).
 """
 
 from __future__ import annotations
