@@ -2,7 +2,8 @@
 
 A small Llama built from a config (random weights, nothing downloaded) serves a few requests with
 sampling, a repetition penalty and a custom logits processor. gpuprobe instruments the model's real
-``generate``, serves ``/metrics`` while it runs, prints one line per request, and ends with a table
+``generate``, serves ``/metrics`` and the live page (``/``: charts in a browser) while it runs, prints one
+line per request, and ends with a table
 of where a step's time goes (per component) and a plot of per-step latency by component.
 
 Example:
@@ -132,12 +133,12 @@ def _interactive() -> bool:
         return False
 
 
-def _linger(url: str, seconds: float) -> None:
+def _linger(server: Any, seconds: float) -> None:
     """Keep the endpoint up ``seconds`` (forever: until Ctrl-C) so what was printed can be opened."""
     if seconds <= 0:
         return
     until = "Ctrl-C stops it" if seconds == float("inf") else f"for {seconds:g} s"
-    print(f"\ngpuprobe demo: {url} stays up; {until}", file=sys.stderr)
+    print(f"\ngpuprobe demo: {server.url} stays up; {until} (and the live page: {server.page_url})", file=sys.stderr)
     try:
         if seconds == float("inf"):
             while True:
@@ -168,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="where to write the per-step plot (default gpuprobe-demo.png; '' for none)")
     p.add_argument("--layers", type=int, default=8, metavar="N", help="time decoder layers every N steps (0: off)")
     p.add_argument("--linger", type=float, default=None, metavar="SECONDS",
-                   help="keep /metrics up this long after the last request (default: until Ctrl-C when run "
-                        "in a terminal, else 0)")
+                   help="keep the live page and /metrics up this long after the last request (default: until "
+                        "Ctrl-C when run in a terminal, else 0)")
     p.add_argument("--quick", action="store_true", help="a very small run (for tests): 2 requests of 6 tokens")
     args = p.parse_args(argv)
     if args.quick:
@@ -201,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuprobe demo: {exc}", file=sys.stderr)
         uninstrument(model)
         return 2
-    print(f"gpuprobe demo: serving metrics at {server.url}", file=sys.stderr)
+    print(f"gpuprobe demo: live page at {server.page_url} (open it in a browser); serving metrics at {server.url}",
+          file=sys.stderr)
     processors = LogitsProcessorList([BanTokens([3, 4, 5])])
     batches = [1, 2, 4, 1, 2]
     exporter = InMemoryExporter().attach()
@@ -224,12 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         series = _series(exporter)
         steps = [ob.value for ob in exporter.observations("gpuprobe.step.duration", clock="host")]
         print(f"\n{args.requests} requests, {len(steps)} steps, {tokens} tokens in {wall:.2f} s "
-              f"({tokens / wall:.0f} tokens/s); metrics at {server.url}\n")
+              f"({tokens / wall:.0f} tokens/s); live page at {server.page_url}, metrics at {server.url}\n")
         print(_table(series, steps))
         if args.plot:
             _plot(series, args.plot, f"gpuprobe demo: per-step latency by component ({len(steps)} steps)")
             print(f"\nplot: {args.plot}")
-        _linger(server.url, linger)
+        _linger(server, linger)
     finally:
         exporter.detach()
         uninstrument(model)

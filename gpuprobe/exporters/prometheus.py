@@ -1,6 +1,8 @@
 """Prometheus exposition: a custom ``prometheus_client`` collector that reads gpuprobe's aggregates at
 scrape time, and :func:`serve`, the /metrics endpoint (127.0.0.1 unless asked otherwise), which also
-takes on-demand profile captures (``POST /gpuprobe/profile?steps=N``, see :mod:`gpuprobe._on_demand`).
+takes on-demand profile captures (``POST /gpuprobe/profile?steps=N``, see :mod:`gpuprobe._on_demand`)
+and serves the live page at ``/`` to a browser (charts computed in the page from /metrics, see
+:mod:`gpuprobe.exporters._page`).
 
 Names follow the OpenTelemetry-to-Prometheus rules (see :func:`gpuprobe._metrics.prometheus_name`),
 so a dashboard written against an OTel Collector's Prometheus exporter reads the same series.
@@ -36,6 +38,7 @@ from .._metrics import MetricData, build_info_labels, cumulative, prometheus_lab
 from ..errors import ConfigError, missing
 from ..runtime import Runtime
 from ..runtime import runtime as _runtime
+from . import _page
 from ._http import HttpServer, Limits, response
 
 try:
@@ -294,8 +297,12 @@ class _Exposition:
     def _fresh(self, rendered: _Rendered | None, now: float) -> bool:
         return rendered is not None and now - rendered.at < self._rt.settings.collect_interval
 
-    def route(self, method: str, target: str, headers: Mapping[str, str]) -> _Job | None:
-        """Scrapes (GET or HEAD, any path but the capture endpoint's, no query) are the exposition's."""
+    def route(self, method: str, target: str, headers: Mapping[str, str]) -> _Job | bytes | None:
+        """Scrapes (GET or HEAD, any path but the capture endpoint's, no query) are the exposition's; the
+        live page (``/`` for a browser, and its files) is :mod:`._page`'s: a response made beforehand."""
+        page = _page.route(method, target, headers)
+        if page is not None:
+            return page.head if method == "HEAD" else page.full
         if method not in ("GET", "HEAD") or "?" in target or target.rstrip("/") in (_on_demand.PATH, "/favicon.ico"):
             return None
         accept = headers.get("accept", "")
@@ -310,15 +317,19 @@ class _Exposition:
                 self._negotiated[accept] = chosen
         return _Job(chosen[0], chosen[1], gzip_accepted(headers.get("accept-encoding", "")), method == "HEAD")
 
-    def ready(self, job: _Job) -> bytes | None:
+    def ready(self, job: _Job | bytes) -> bytes | None:
         """The cached response, when it is fresh and made already (no lock: a dict read)."""
+        if isinstance(job, bytes):
+            return job
         rendered = self._rendered.get(job.content_type)
         if not self._fresh(rendered, time.monotonic()):
             return None
         return rendered.responses.get((job.gzip, job.head))  # type: ignore[union-attr]
 
-    def answer(self, job: _Job) -> bytes:
+    def answer(self, job: _Job | bytes) -> bytes:
         """Render if the cached body is stale (one rendering at a time; others wait and reuse it)."""
+        if isinstance(job, bytes):
+            return job
         with self._lock:
             rendered = self._rendered.get(job.content_type)
             now = time.monotonic()
@@ -366,8 +377,13 @@ class Server:
     @property
     def url(self) -> str:
         """The scrape URL."""
+        return f"{self.page_url}metrics"
+
+    @property
+    def page_url(self) -> str:
+        """The live page's URL (``/``: live charts of the metrics, for a browser)."""
         host = f"[{self.addr}]" if ":" in self.addr else self.addr
-        return f"http://{host}:{self.port}/metrics"
+        return f"http://{host}:{self.port}/"
 
     @property
     def limits(self) -> Limits:
@@ -422,7 +438,8 @@ def _bind(addr: str, port: int) -> socket.socket:
 
 def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime | None = None,
           owner: Owner = "user", limits: Limits | None = None) -> Server:
-    """Serve gpuprobe's metrics for Prometheus at ``http://addr:port/metrics``.
+    """Serve gpuprobe's metrics for Prometheus at ``http://addr:port/metrics``, and the live page at
+    ``http://addr:port/`` (:attr:`Server.page_url`): live charts of them in a browser, polling /metrics.
 
     Args:
         port: TCP port; default the ``prometheus_port`` setting (``GPUPROBE_PROMETHEUS_PORT``) or 9464.
