@@ -297,3 +297,33 @@ def test_label_values_with_quotes_backslashes_and_newlines_read_as_written() -> 
             check_stays_home(page, server.page_url.rstrip("/"))
     finally:
         server.close()
+
+
+def test_a_restarted_process_starts_the_window_again_and_a_gap_is_said() -> None:
+    from gpuprobe.testing import reset
+
+    server = gpuprobe.serve(port=0)
+    port = server.port
+    for _ in range(5):
+        with gpuprobe.probe("work"):
+            pass
+    with browser() as b:
+        page = Page(b, server.page_url)
+        before = page.until("a window over the first process", lambda s: s["base"] >= 1 and s["scrape"] >= 3, 60)
+        reset()  # as a restart: the server goes away and every count starts again from 0
+        down = page.until("the page to say it cannot read /metrics", lambda s: "cannot read /metrics" in s["status"],
+                          30)
+        assert down["scrape"] >= before["scrape"]
+        for _ in range(2):  # before the new server's first scrape: the window never sees them arrive
+            with gpuprobe.probe("work"):
+                pass
+        server = gpuprobe.serve(port=port)
+        last = down["scrape"]
+        after = page.until("three scrapes of the new process",
+                           lambda s: s["scrape"] >= last + 3 and s["base"] > last and "live" in s["status"], 60)
+        check_against_bodies(page, after)  # the window's both ends are the new process's
+        assert after["tables"]["probes"]["work p95"]["value"] == ""  # nothing new in the window: not a negative
+        assert float(after["tables"]["probes"]["work mean"]["run"]) >= 0
+        history = b.evaluate("window.gpuprobeLive.charts().probes.x.length")
+        assert history <= after["scrape"] - last  # what the old process drew is gone
+        server.close()
