@@ -181,7 +181,7 @@ def render() -> str:
         "| beam search, beam sampling (`_beam_search`) | one forward of every beam | all | all; one inter-token sample per step |",
         "| assisted decoding (`assistant_model=`, `assistant_early_exit=`), prompt lookup (`prompt_lookup_num_tokens=`) | one forward of the main model that verifies a draft (step 0 also reads the prompt) | all | all, components `draft` and `verify`, and the `gpuprobe.speculative.*` metrics |",
         "| `synced_gpus=True` (FSDP, DeepSpeed ZeRO-3) | as its loop; forwards a rank runs after its own sequences are done (waiting for the others) are no steps of its request | all | all |",
-        "| a model's own `generate()` (Whisper, MusicGen, Bark) | the steps of the loops it runs (`super().generate()` or `self._sample`) | all | all |",
+        "| a model's own `generate()` (Whisper, MusicGen) | the steps of the loops it runs (`super().generate()` or `self._sample`) | all | all |",
         "| contrastive search, DoLa, group and constrained beam search, `custom_generate=` | code from the Hub: its loop is not seen | duration, input tokens, output tokens from the returned shape (decoder-only) | none |",
         "| continuous batching (`generate_batch`, `transformers serve`) | a scheduler step ([serving.md](serving.md)) | per request | per scheduler step |",
         "",
