@@ -309,3 +309,28 @@ def test_the_draft_model_drafts_as_it_does_without_gpuprobe(make_model, monkeypa
     assert handed and all(type(p) is p.__class__ for p in handed)  # no stand-in among them
     assert counts("gpuprobe.step.component.duration", component="logits_processor",
                   processor="NoRepeatNGramLogitsProcessor") > 0  # the verification's processors are timed
+
+
+def test_a_failure_in_the_forward_hook_leaves_the_output_and_turns_the_steps_off(make_model, monkeypatch) -> None:
+    from gpuprobe import _seams
+    from gpuprobe.integrations._hf.generate import speculative
+
+    model = make_model("llama")
+    assistant = assistant_of(model, 0.05)
+    ids = prompt(length=6)
+    kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, assistant_model=assistant)
+    ref = model.generate(ids, **kw)
+    instrument(model, model_name="main")
+
+    def broken(outputs: Any) -> Any:
+        raise RuntimeError("a fault injected into gpuprobe")
+
+    monkeypatch.setattr(speculative, "model_output_cache", broken)  # read inside the forward hook
+    with pytest.warns(RuntimeWarning, match="transformers.generate.verify"):
+        out = model.generate(ids, **kw)
+    assert torch.equal(ref, out)
+    assert not speculative.SEAM_VERIFY.on
+    group = speculative.SEAM_VERIFY.group  # the decoding loop's seams work together: all are off
+    assert {s["state"] for s in gpuprobe.info()["seams"] if _seams.seam(s["seam"]).group == group} == {"off"}
+    assert model.generate(ids, **kw).tolist() == ref.tolist()  # and the next call runs unmeasured
+    assert counts("gen_ai.server.request.duration", **{"gen_ai.request.model": "main"}) == 2  # per call still
