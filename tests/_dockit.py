@@ -178,6 +178,7 @@ BACKGROUND = (r"\btransformers serve\b", r"\bgpuprobe demo --requests 100000\b",
 FILES: dict[str, str] = {
     # name in the docs: what stands for it in each doc's working folder
     "tests/data": "the repository's tests/data (read-only)",
+    "examples": "the repository's examples/ (read-only)",
     "integrations": "a copy of the repository's integrations/ (commands rewrite it)",
     "docs/img": "an empty folder (pictures commands draw)",
     "tiny": "the tiny Llama (tests/serving/_servekit.build_tiny_model)",
@@ -527,13 +528,13 @@ def compare_text(shown: str, actual: str, mode: str, folder: str | None = None) 
     shown, actual = with_folder(shown, actual, folder)
     want, got = _lines(shown), _lines(actual)
     if mode == "lines":
-        w = [mask(line, integers=True).strip() for line in want]
-        g = [mask(line, integers=True).strip() for line in got]
+        sample = [mask(line, integers=True).strip() for line in want]
+        log = [mask(line, integers=True).strip() for line in got]
         k = 0
-        for line in w:
-            while k < len(g) and g[k] != line:
+        for line in sample:
+            while k < len(log) and log[k] != line:
                 k += 1
-            if k == len(g):
+            if k == len(log):
                 return f"no line like {line!r} (in order) in the output:\n" + "\n".join(got[-40:])
             k += 1
         return None

@@ -67,6 +67,7 @@ def clean_env() -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"  # two cores, shared by two docs at a time
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["TQDM_DISABLE"] = "1"
+    env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     env["HF_HUB_OFFLINE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -134,8 +135,10 @@ def run():
 
 def build_shared(shared: Path) -> None:
     """The stand-ins every doc's folder links to (see ``_dockit.FILES``)."""
+    import tqdm
     from _servekit import build_tiny_model
 
+    tqdm.tqdm.monitor_interval = 0  # saving a model draws a progress bar, whose monitor thread would stop the forks
     shared.mkdir(parents=True, exist_ok=True)
     build_tiny_model(shared / "tiny")
     (shared / "serve.py").write_text(SERVE_PY)
@@ -160,6 +163,7 @@ def build_shared(shared: Path) -> None:
 
 LINKS = {
     "tests/data": "{root}/tests/data",
+    "examples": "{root}/examples",
     "tiny": "{shared}/tiny",
     "serve.py": "{shared}/serve.py",
     "app.py": "{shared}/app.py",
@@ -403,6 +407,18 @@ class Doc:
                              + log.read_text(errors="replace")[-3000:])
             time.sleep(0.3)
 
+    def stop_unneeded(self, later: list[Block]) -> None:
+        """Stop the servers no later block of the doc talks to (by the port it serves, or ``<pid>``): a
+        server left generating would take a core from the blocks after it."""
+        text = "\n".join(b.text for b in later if b.kind not in ("skip", "output"))
+        keep_last = "<pid>" in text
+        for server in list(self.servers):
+            if keep_last and server is self.servers[-1]:
+                continue
+            fixed = [f for f, free in self.ports.items() if any(f":{free}/" in url for url in server[2])]
+            if not any(re.search(rf"(?<![\d.]){f}(?!\d)", text) for f in fixed):
+                self.stop_servers([server])
+
     def stop_servers(self, servers: list[Any] | None = None) -> None:
         for server in list(self.servers if servers is None else servers):
             proc = server[0]
@@ -546,6 +562,7 @@ def run_doc(doc: str, blocks: list[Block], folder: Path, ports: dict[int, int]) 
                 attempt(block, lambda: state.run_doctest(block))
             elif kind in ("shell", "transcript"):
                 attempt(block, lambda: state.run_shell(block))
+                state.stop_unneeded(blocks[n + 1:])
             elif kind == "output":
                 attempt(block, lambda: state.check_output(block))
     finally:
@@ -591,6 +608,7 @@ def main(job_path: str, out_path: str) -> int:
         b = Block(**raw)
         docs.setdefault(b.doc, []).append(b)
     results: list[dict[str, Any]] = []
+    spawned: list[str] = []  # docs run in a fresh interpreter (slower): the parent had a thread
     running: dict[int, tuple[str, Path, float]] = {}
     queue = sorted(docs, key=lambda d: -_cost(docs[d]))
     parallel = max(1, int(job.get("parallel", 2)))
@@ -602,6 +620,7 @@ def main(job_path: str, out_path: str) -> int:
             ports = {p: free_port() for p in _dockit.FIXED_PORTS}
             result_file = folder / "results.json"
             if _threads() != 1:  # never fork a process with threads: a fresh interpreter instead
+                spawned.append(doc)
                 pid = _spawn(doc, docs[doc], folder, ports, result_file)
             else:
                 pid = os.fork()
@@ -616,7 +635,8 @@ def main(job_path: str, out_path: str) -> int:
             for b in docs[doc]:
                 results.append({"id": b.id, "status": "failed", "skipped_parts": [], "seconds": 0.0,
                                 "message": f"the run of {doc} ended ({status}) without results"})
-    Path(out_path).write_text(json.dumps({"results": results, "shared_seconds": round(shared_seconds, 2)}))
+    Path(out_path).write_text(json.dumps({"results": results, "shared_seconds": round(shared_seconds, 2),
+                                          "spawned": spawned}))
     return 0
 
 
