@@ -114,7 +114,6 @@ SUBSTITUTIONS: tuple[Sub, ...] = (
     Sub(r"--requests 100000", "--requests 100000 --max-new-tokens 4 --port 9464",
         "shorter requests (the server only has to come up), on the default port, made free below"),
     Sub(r"\bgpuprobe run -- ", "gpuprobe run --port 9464 -- ", "gpuprobe run's default port, made free below"),
-    Sub(r"--seconds 150", "--seconds 20", "a shorter recording", "docs/grafana.md"),
     Sub(r"\btransformers serve\b", "transformers serve --port 8000",
         "transformers serve's own port (8000 by default), named so that it is made free"),
     Sub(r"/srv/app/gpuprobe-traces/gpuprobe-steps-[\w.-]+\.json(\.gz)?", '"$GPUPROBE_DOCS_TRACE"',
