@@ -38,7 +38,7 @@ REAL = [
     ROOT / "tests/data/kineto/tracelens_h100_timesformer_eager_attn.json.gz",
 ]
 sys.path.insert(0, str(ROOT))
-from gpuprobe.report.model import SECTIONS  # noqa: E402
+from gpuprobe.report.schema import SECTIONS  # noqa: E402
 
 # every section of this tree's report but the findings (ranks: several traces only)
 _WITHOUT = ",".join(s for s in SECTIONS if s not in ("findings", "ranks"))

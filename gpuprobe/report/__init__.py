@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from gpuprobe.report._ncu_render import render_ncu
     from gpuprobe.report._render import plot, render
     from gpuprobe.report.loaders import Trace, load
-    from gpuprobe.report.model import SECTIONS, Report
+    from gpuprobe.report.schema import SECTIONS, Report
 
-# why: the model, loaders, analyses and renderers load on first use, so `import gpuprobe.report`
+# why: the schema, loaders, analyses and renderers load on first use, so `import gpuprobe.report`
 # costs about 3 ms on top of `import gpuprobe` instead of 40 ms
 _LAZY = {
     "BACKENDS": "gpuprobe.report._analysis",
@@ -47,8 +47,8 @@ _LAZY = {
     "render": "gpuprobe.report._render",
     "Trace": "gpuprobe.report.loaders",
     "load": "gpuprobe.report.loaders",
-    "Report": "gpuprobe.report.model",
-    "SECTIONS": "gpuprobe.report.model",
+    "Report": "gpuprobe.report.schema",
+    "SECTIONS": "gpuprobe.report.schema",
 }
 
 

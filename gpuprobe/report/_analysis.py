@@ -33,7 +33,7 @@ from gpuprobe.report._events import MEMSET, TraceInfo
 from gpuprobe.report._findings import evaluate, parse_thresholds
 from gpuprobe.report._scan import EVENT_KIND, GpuOpKind, TraceScan
 from gpuprobe.report.loaders import Trace, load
-from gpuprobe.report.model import (
+from gpuprobe.report.schema import (
     SECTIONS,
     ApiStat,
     CategoriesSection,

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from gpuprobe._kernel_names import CATEGORIES, kernel_family
 from gpuprobe.report._columns import merge_intervals, overlap_length
 from gpuprobe.report._scan import GpuOpKind, TraceScan
-from gpuprobe.report.model import CommStepRow, CommunicationSection
+from gpuprobe.report.schema import CommStepRow, CommunicationSection
 
 __all__ = ["communication", "collective_starts", "split_overlap"]
 

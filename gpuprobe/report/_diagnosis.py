@@ -24,7 +24,7 @@ from gpuprobe._kernel_names import (
 )
 from gpuprobe.report._columns import NumpyColumns, PythonColumns, Windows, merge_intervals, overlap_length, quantile
 from gpuprobe.report._scan import GpuOpKind, TraceScan
-from gpuprobe.report.model import FlopsCategory, FlopsRow, FlopsSection, IdleRow, IdleSection
+from gpuprobe.report.schema import FlopsCategory, FlopsRow, FlopsSection, IdleRow, IdleSection
 
 __all__ = [
     "StepSpan",

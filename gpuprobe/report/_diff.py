@@ -12,7 +12,7 @@ from gpuprobe.errors import ConfigError
 from gpuprobe.report._analysis import analyze
 from gpuprobe.report._columns import spread_of
 from gpuprobe.report._findings import order, parse_thresholds
-from gpuprobe.report.model import Finding, Report
+from gpuprobe.report.schema import Finding, Report
 
 __all__ = ["DiffRow", "DiffReport", "VerdictRow", "diff", "NORMALIZE", "VERDICTS"]
 

@@ -2,7 +2,7 @@
 show it and the usual remedy.
 
 Each rule has a fixed id, documented thresholds (:data:`THRESHOLDS`, overridable with
-``--threshold id.name=value``) and returns zero or one :class:`~gpuprobe.report.model.Finding`.
+``--threshold id.name=value``) and returns zero or one :class:`~gpuprobe.report.schema.Finding`.
 Findings are ordered by the time at stake (``evidence["at_stake_ns"]``), then severity.
 """
 
@@ -26,7 +26,7 @@ from gpuprobe.report._diagnosis import (
     Evidence,
     median,
 )
-from gpuprobe.report.model import SEVERITIES, Finding, Report
+from gpuprobe.report.schema import SEVERITIES, Finding, Report
 
 __all__ = ["THRESHOLDS", "RULES", "Threshold", "evaluate", "parse_thresholds", "worst_at_least", "order"]
 

@@ -23,7 +23,7 @@ from gpuprobe._nvtx import DOMAIN
 from gpuprobe.errors import ConfigError
 from gpuprobe.report._findings import threshold_number, threshold_pairs
 from gpuprobe.report._ncu import METRICS, NcuExport, NcuKernel, NcuRule, read_ncu
-from gpuprobe.report.model import SEVERITIES, FamiliesSection, Finding
+from gpuprobe.report.schema import SEVERITIES, FamiliesSection, Finding
 
 __all__ = [
     "NCU_THRESHOLDS",

@@ -30,7 +30,7 @@ from gpuprobe.report._errors import ReportInputError
 from gpuprobe.report._findings import order, parse_thresholds
 from gpuprobe.report._scan import TraceScan
 from gpuprobe.report.loaders import gpu_processes, load
-from gpuprobe.report.model import (
+from gpuprobe.report.schema import (
     SECTIONS,
     SEVERITIES,
     ApiStat,

@@ -21,7 +21,7 @@ from gpuprobe.errors import ConfigError
 
 if TYPE_CHECKING:
     from gpuprobe.report._diff import DiffReport
-    from gpuprobe.report.model import Report
+    from gpuprobe.report.schema import Report
 
 __all__ = ["render", "plot", "FORMATS", "format_ns"]
 

@@ -36,7 +36,7 @@ from gpuprobe.report._findings import THRESHOLDS, worst_at_least
 from gpuprobe.report._ranks import analyze_ranks, several_ranks
 from gpuprobe.report._render import FORMATS, plot, render
 from gpuprobe.report.loaders import ENGINES, ncu_format
-from gpuprobe.report.model import SECTIONS, SEVERITIES
+from gpuprobe.report.schema import SECTIONS, SEVERITIES
 
 __all__ = ["main_report", "main_diff"]
 

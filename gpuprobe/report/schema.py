@@ -1,4 +1,4 @@
-"""The report data model: a tree of dataclasses holding plain JSON values.
+"""The report's schema: a tree of dataclasses holding plain JSON values.
 
 Every time is an integer number of nanoseconds (fields end in ``_ns``); a share is a fraction of
 1; a GPU figure is ``None`` when the trace holds no GPU activity records, so that a capture that
