@@ -1,6 +1,6 @@
 """Render Nsight Compute reports and diffs in the report's formats (text, md, json, csv).
 
-The tables go through the report's own table model and formats (:mod:`gpuprobe.report._render`),
+The tables go through the report's table toolkit (:mod:`gpuprobe.report._tables`),
 so an ncu report looks like the rest: findings first, then kernels, families, gpuprobe steps,
 components and logits processors, and the timeline join when there is one.
 """
@@ -12,7 +12,8 @@ from typing import Any
 
 from gpuprobe.errors import ConfigError
 from gpuprobe.report._ncu_analysis import NcuDiff, NcuReport, NcuRow
-from gpuprobe.report._render import FORMATS, _Column, _csv, _findings_table, _Table, _text, _Unit, format_ns
+from gpuprobe.report._render import FORMATS, findings_table
+from gpuprobe.report._tables import Column, Table, Unit, format_ns, write
 
 __all__ = ["render_ncu"]
 
@@ -21,22 +22,22 @@ def _classes(classes: list[str]) -> str:
     return ", ".join(classes) if classes else "-"
 
 
-def _efficiency_columns() -> list[_Column]:
+def _efficiency_columns() -> list[Column]:
     return [
-        _Column(header="SM %", key="sm_sol_pct", unit=_Unit.FLOAT),
-        _Column(header="mem %", key="memory_sol_pct", unit=_Unit.FLOAT),
-        _Column(header="DRAM %", key="dram_pct", unit=_Unit.FLOAT),
-        _Column(header="occ %", key="achieved_occupancy_pct", unit=_Unit.FLOAT),
-        _Column(header="occ theo %", key="theoretical_occupancy_pct", unit=_Unit.FLOAT),
-        _Column(header="limiter", key="limiter"),
-        _Column(header="regs", key="registers_per_thread", unit=_Unit.INT),
-        _Column(header="block", key="block_size", unit=_Unit.INT),
-        _Column(header="grid", key="grid_size", unit=_Unit.INT),
-        _Column(header="waves", key="waves_text"),
-        _Column(header="waves", key="waves_per_sm", csv_only=True),
-        _Column(header="tensor %", key="tensor_pct", unit=_Unit.FLOAT),
-        _Column(header="class", key="classes_text"),
-        _Column(header="evidence", key="evidence_text", csv_only=True, csv_header="evidence"),
+        Column(header="SM %", key="sm_sol_pct", unit=Unit.FLOAT),
+        Column(header="mem %", key="memory_sol_pct", unit=Unit.FLOAT),
+        Column(header="DRAM %", key="dram_pct", unit=Unit.FLOAT),
+        Column(header="occ %", key="achieved_occupancy_pct", unit=Unit.FLOAT),
+        Column(header="occ theo %", key="theoretical_occupancy_pct", unit=Unit.FLOAT),
+        Column(header="limiter", key="limiter"),
+        Column(header="regs", key="registers_per_thread", unit=Unit.INT),
+        Column(header="block", key="block_size", unit=Unit.INT),
+        Column(header="grid", key="grid_size", unit=Unit.INT),
+        Column(header="waves", key="waves_text"),
+        Column(header="waves", key="waves_per_sm", csv_only=True),
+        Column(header="tensor %", key="tensor_pct", unit=Unit.FLOAT),
+        Column(header="class", key="classes_text"),
+        Column(header="evidence", key="evidence_text", csv_only=True, csv_header="evidence"),
     ]
 
 
@@ -51,18 +52,18 @@ def _row_dict(row: NcuRow) -> dict[str, Any]:
     return out
 
 
-def _rows_table(section: str, title: str, first: list[_Column], rows: list[NcuRow], lines: list[str]) -> _Table:
+def _rows_table(section: str, title: str, first: list[Column], rows: list[NcuRow], lines: list[str]) -> Table:
     columns = first + [
-        _Column(header="category", key="category"),
-        _Column(header="launches", key="launches", unit=_Unit.INT),
-        _Column(header="time", key="duration_ns", unit=_Unit.NS),
-        _Column(header="share", key="share", unit=_Unit.SHARE),
+        Column(header="category", key="category"),
+        Column(header="launches", key="launches", unit=Unit.INT),
+        Column(header="time", key="duration_ns", unit=Unit.NS),
+        Column(header="share", key="share", unit=Unit.SHARE),
     ] + _efficiency_columns()
-    return _Table(section=section, title=title, columns=columns, rows=[_row_dict(r) for r in rows], lines=lines)
+    return Table(section=section, title=title, columns=columns, rows=[_row_dict(r) for r in rows], lines=lines)
 
 
-def _report_tables(report: NcuReport, markdown: bool, top: int) -> list[_Table]:
-    tables = [_findings_table(report.findings, markdown)]
+def _report_tables(report: NcuReport, markdown: bool, top: int) -> list[Table]:
+    tables = [findings_table(report.findings, markdown)]
     lines = [f"warning: {w}" for w in report.warnings]
     lines += [
         f"Nsight Compute export: {report.path} ({report.page} page); {report.launches:,} kernel launches, "
@@ -74,23 +75,23 @@ def _report_tables(report: NcuReport, markdown: bool, top: int) -> list[_Table]:
     ]
     if not report.has_nvtx:
         lines.append("no NVTX column (profile with ncu --nvtx): no grouping by gpuprobe step or component")
-    tables.append(_Table(section="summary", title="Nsight Compute", columns=[], rows=[], lines=lines))
+    tables.append(Table(section="summary", title="Nsight Compute", columns=[], rows=[], lines=lines))
     if report.timeline is not None:
         rows = [dict(vars(r), classes_text=_classes(r.classes)) for r in report.timeline]
-        tables.append(_Table(
+        tables.append(Table(
             section="ncu_timeline",
             title="Kernel families: share of GPU time (timeline) and efficiency (ncu)",
             columns=[
-                _Column(header="family", key="family", unit=_Unit.NAME),
-                _Column(header="category", key="category"),
-                _Column(header="time", key="timeline_ns", unit=_Unit.NS),
-                _Column(header="share", key="timeline_share", unit=_Unit.SHARE),
-                _Column(header="kernels", key="timeline_count", unit=_Unit.INT),
-                _Column(header="ncu launches", key="ncu_launches", unit=_Unit.INT),
-                _Column(header="SM %", key="sm_sol_pct", unit=_Unit.FLOAT),
-                _Column(header="mem %", key="memory_sol_pct", unit=_Unit.FLOAT),
-                _Column(header="occ %", key="achieved_occupancy_pct", unit=_Unit.FLOAT),
-                _Column(header="class", key="classes_text"),
+                Column(header="family", key="family", unit=Unit.NAME),
+                Column(header="category", key="category"),
+                Column(header="time", key="timeline_ns", unit=Unit.NS),
+                Column(header="share", key="timeline_share", unit=Unit.SHARE),
+                Column(header="kernels", key="timeline_count", unit=Unit.INT),
+                Column(header="ncu launches", key="ncu_launches", unit=Unit.INT),
+                Column(header="SM %", key="sm_sol_pct", unit=Unit.FLOAT),
+                Column(header="mem %", key="memory_sol_pct", unit=Unit.FLOAT),
+                Column(header="occ %", key="achieved_occupancy_pct", unit=Unit.FLOAT),
+                Column(header="class", key="classes_text"),
             ],
             rows=rows[:top],
             lines=[
@@ -98,11 +99,11 @@ def _report_tables(report: NcuReport, markdown: bool, top: int) -> list[_Table]:
                 "a family without timeline figures is not in the timeline; one with 0 ncu launches was not profiled",
             ],
         ))
-    name = _Column(header="name", key="name", unit=_Unit.NAME)
+    name = Column(header="name", key="name", unit=Unit.NAME)
     tables.append(_rows_table(
         "ncu_kernels", "Kernels (ncu)",
-        [_Column(header="kernel", key="short_name", unit=_Unit.NAME),
-         _Column(header="name", key="name", csv_only=True), _Column(header="family", key="family", csv_only=True)],
+        [Column(header="kernel", key="short_name", unit=Unit.NAME),
+         Column(header="name", key="name", csv_only=True), Column(header="family", key="family", csv_only=True)],
         report.kernels[:top], [],
     ))
     tables.append(_rows_table("ncu_families", "Kernel families (ncu)", [name], report.families[:top], []))
@@ -116,7 +117,7 @@ def _report_tables(report: NcuReport, markdown: bool, top: int) -> list[_Table]:
     return tables
 
 
-def _diff_tables(d: NcuDiff, top: int) -> list[_Table]:
+def _diff_tables(d: NcuDiff, top: int) -> list[Table]:
     rows = []
     for r in d.families[:top]:
         row = dict(vars(r))
@@ -129,27 +130,27 @@ def _diff_tables(d: NcuDiff, top: int) -> list[_Table]:
         "per kernel family, as ncu measured each launch; delta = B - A; ratio = B / A",
     ]
     return [
-        _Table(section="summary", title="Nsight Compute diff", columns=[], rows=[], lines=lines),
-        _Table(
+        Table(section="summary", title="Nsight Compute diff", columns=[], rows=[], lines=lines),
+        Table(
             section="ncu_families",
             title="Kernel families",
             columns=[
-                _Column(header="family", key="family", unit=_Unit.NAME),
-                _Column(header="category", key="category"),
-                _Column(header="A launches", key="a_launches", unit=_Unit.INT),
-                _Column(header="B launches", key="b_launches", unit=_Unit.INT),
-                _Column(header="A time", key="a_duration_ns", unit=_Unit.NS),
-                _Column(header="B time", key="b_duration_ns", unit=_Unit.NS),
-                _Column(header="delta", key="delta_ns", unit=_Unit.NS),
-                _Column(header="ratio", key="ratio", unit=_Unit.RATIO),
-                _Column(header="A SM %", key="a_sm_sol_pct", unit=_Unit.FLOAT),
-                _Column(header="B SM %", key="b_sm_sol_pct", unit=_Unit.FLOAT),
-                _Column(header="A mem %", key="a_memory_sol_pct", unit=_Unit.FLOAT),
-                _Column(header="B mem %", key="b_memory_sol_pct", unit=_Unit.FLOAT),
-                _Column(header="A occ %", key="a_achieved_occupancy_pct", unit=_Unit.FLOAT),
-                _Column(header="B occ %", key="b_achieved_occupancy_pct", unit=_Unit.FLOAT),
-                _Column(header="A class", key="a_class"),
-                _Column(header="B class", key="b_class"),
+                Column(header="family", key="family", unit=Unit.NAME),
+                Column(header="category", key="category"),
+                Column(header="A launches", key="a_launches", unit=Unit.INT),
+                Column(header="B launches", key="b_launches", unit=Unit.INT),
+                Column(header="A time", key="a_duration_ns", unit=Unit.NS),
+                Column(header="B time", key="b_duration_ns", unit=Unit.NS),
+                Column(header="delta", key="delta_ns", unit=Unit.NS),
+                Column(header="ratio", key="ratio", unit=Unit.RATIO),
+                Column(header="A SM %", key="a_sm_sol_pct", unit=Unit.FLOAT),
+                Column(header="B SM %", key="b_sm_sol_pct", unit=Unit.FLOAT),
+                Column(header="A mem %", key="a_memory_sol_pct", unit=Unit.FLOAT),
+                Column(header="B mem %", key="b_memory_sol_pct", unit=Unit.FLOAT),
+                Column(header="A occ %", key="a_achieved_occupancy_pct", unit=Unit.FLOAT),
+                Column(header="B occ %", key="b_achieved_occupancy_pct", unit=Unit.FLOAT),
+                Column(header="A class", key="a_class"),
+                Column(header="B class", key="b_class"),
             ],
             rows=rows,
         ),
@@ -173,5 +174,4 @@ def render_ncu(report: NcuReport | NcuDiff, fmt: str = "text", top: int = 20) ->
         return json.dumps(report.to_dict(), indent=1) + "\n"
     markdown = fmt == "md"
     tables = _diff_tables(report, top) if isinstance(report, NcuDiff) else _report_tables(report, markdown, top)
-    text = _csv(tables) if fmt == "csv" else _text(tables, top, markdown=markdown)
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return write(tables, fmt, top)

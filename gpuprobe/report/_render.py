@@ -7,9 +7,7 @@ names; CSV and JSON keep integer nanoseconds, bytes and full names.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import enum
 import io
 import json
 import os
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gpuprobe._files import write_file_atomic
 from gpuprobe._kernel_names import CATEGORIES
 from gpuprobe.errors import ConfigError
+from gpuprobe.report._tables import Column, Table, Unit, format_flop_rate, format_ns, write
 
 if TYPE_CHECKING:
     from gpuprobe.report._diff import DiffReport
@@ -27,92 +26,6 @@ __all__ = ["render", "plot", "FORMATS", "format_ns"]
 
 #: Output formats of :func:`render`.
 FORMATS: tuple[str, ...] = ("text", "md", "json", "csv")
-_NAME_WIDTH = 72
-
-
-class _Unit(enum.Enum):
-    """How the values of a column look in text and Markdown tables (CSV and JSON keep raw values)."""
-
-    TEXT = "text"  # as it is, left-aligned
-    NAME = "name"  # as it is, left-aligned, cut to the name width in terminal tables
-    INT = "int"
-    FLOAT = "float"
-    NS = "ns"  # nanoseconds, shown in ns, µs, ms or s
-    SHARE = "share"
-    BYTES = "bytes"
-    GBPS = "gbps"
-    RATIO = "ratio"
-    FLOP_RATE = "flop/s"
-    BY_METRIC = "by metric"  # diff values: bytes, a count or ns, after the row's ``metric``
-
-
-_LEFT_ALIGNED = (_Unit.TEXT, _Unit.NAME)
-_COUNT_METRICS = ("count", "launches", "kernels")
-
-
-@dataclasses.dataclass
-class _Column:
-    """One column of a table.
-
-    Attributes:
-        header: The column title in text and Markdown tables.
-        key: The field (or dict key) of a row holding the value; also the CSV header by default.
-        unit: How values look in text and Markdown.
-        csv_only: Shown in CSV only (full kernel names, per-category step times).
-        csv_header: The CSV header, when it is not ``key``.
-    """
-
-    header: str
-    key: str
-    unit: _Unit = _Unit.TEXT
-    csv_only: bool = False
-    csv_header: str | None = None
-
-
-@dataclasses.dataclass
-class _Table:
-    """One section as a table: its rows (dataclasses or dicts), and lines of text shown above them."""
-
-    section: str
-    title: str
-    columns: list[_Column]
-    rows: list[Any]
-    lines: list[str] = dataclasses.field(default_factory=list)
-
-
-def format_ns(ns: int | float | None) -> str:
-    """Format nanoseconds for people.
-
-    Example:
-        >>> format_ns(18304), format_ns(1_500_000), format_ns(None)
-        ('18.304 µs', '1.500 ms', '-')
-    """
-    if ns is None:
-        return "-"
-    a = abs(ns)
-    if a < 1_000:
-        return f"{ns:.0f} ns"
-    if a < 1_000_000:
-        return f"{ns / 1e3:.3f} µs"
-    if a < 1_000_000_000:
-        return f"{ns / 1e6:.3f} ms"
-    return f"{ns / 1e9:.3f} s"
-
-
-def _format_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _format_flop_rate(value: float) -> str:
-    for unit, size in (("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
-        if abs(value) >= size:
-            return f"{value / size:.2f} {unit}"
-    return f"{value:.0f} FLOP/s"
 
 
 def _scalar_evidence(evidence: dict[str, Any], prefix: str = "") -> str:
@@ -146,7 +59,7 @@ def _offender_lines(evidence: dict[str, Any]) -> list[str]:
     ]
 
 
-def _findings_table(findings: list[Any], markdown: bool) -> _Table:
+def findings_table(findings: list[Any], markdown: bool) -> Table:
     lines: list[str] = []
     for n, f in enumerate(findings, 1):
         if markdown:
@@ -171,57 +84,20 @@ def _findings_table(findings: list[Any], markdown: bool) -> _Table:
         for f in findings
     ]
     columns = [
-        _Column(header=key, key=key, csv_only=True)
+        Column(header=key, key=key, csv_only=True)
         for key in ("id", "severity", "title", "at_stake_ns", "remedy", "evidence")
     ]
-    return _Table(section="findings", title="Findings", columns=columns, rows=rows, lines=lines)
-
-
-def _human(value: Any, unit: _Unit, width: int | None) -> str:
-    if value is None:
-        return "-"
-    if unit is _Unit.NS:
-        return format_ns(value)
-    if unit is _Unit.SHARE:
-        return f"{value * 100:.1f} %"
-    if unit is _Unit.BYTES:
-        return _format_bytes(value)
-    if unit is _Unit.GBPS:
-        return f"{value:.2f} GB/s"
-    if unit is _Unit.RATIO:
-        return f"{value:.2f}x"
-    if unit is _Unit.FLOP_RATE:
-        return _format_flop_rate(value)
-    if unit is _Unit.FLOAT:
-        return f"{value:.1f}"
-    if unit is _Unit.INT:
-        return f"{value:,}"
-    text = str(value)
-    if unit is _Unit.NAME and width and len(text) > width:
-        return text[: width - 1] + "…"
-    return text
-
-
-def _raw(value: Any) -> Any:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return value
-
-
-def _get(row: Any, key: str) -> Any:
-    return row[key] if isinstance(row, dict) else getattr(row, key)
+    return Table(section="findings", title="Findings", columns=columns, rows=rows, lines=lines, listed=True)
 
 
 # ---------------------------------------------------------------------------- report tables
 
 
-def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
+def _report_tables(report: Report, markdown: bool = False) -> list[Table]:
     s = report.summary
-    tables: list[_Table] = []
+    tables: list[Table] = []
     if report.findings is not None:
-        tables.append(_findings_table(report.findings, markdown))
+        tables.append(findings_table(report.findings, markdown))
     lines = [f"warning: {w}" for w in s.warnings]
     lines += [
         f"trace: {s.path} ({s.source}{', ' + ', '.join(sorted(set(s.devices))) if s.devices else ''})",
@@ -233,30 +109,30 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
         + (f" ({s.gpu_busy_share * 100:.1f} % of the span)" if s.gpu_busy_share is not None else ""),
         f"launches: {s.launch_count:,} calls, {format_ns(s.launch_api_ns)} in the API; steps: {s.step_count:,}",
     ]
-    tables.append(_Table(section="summary", title="Summary", columns=[], rows=[], lines=lines))
+    tables.append(Table(section="summary", title="Summary", columns=[], rows=[], lines=lines))
     if report.ranks is not None:
         tables.extend(_rank_tables(report.ranks))
     step_spread_cols = [
-        _Column(header="per step (median)", key="step_median_ns", unit=_Unit.NS),
-        _Column(header="p10", key="step_p10_ns", unit=_Unit.NS),
-        _Column(header="p90", key="step_p90_ns", unit=_Unit.NS),
+        Column(header="per step (median)", key="step_median_ns", unit=Unit.NS),
+        Column(header="p10", key="step_p10_ns", unit=Unit.NS),
+        Column(header="p90", key="step_p90_ns", unit=Unit.NS),
     ]
     kernel_cols = [
-        _Column(header="kernel", key="short_name", unit=_Unit.NAME),
-        _Column(header="category", key="category"),
-        _Column(header="count", key="count", unit=_Unit.INT),
-        _Column(header="total", key="total_ns", unit=_Unit.NS),
-        _Column(header="mean", key="mean_ns", unit=_Unit.NS),
-        _Column(header="median", key="median_ns", unit=_Unit.NS),
-        _Column(header="min", key="min_ns", unit=_Unit.NS),
-        _Column(header="max", key="max_ns", unit=_Unit.NS),
-        _Column(header="share", key="share", unit=_Unit.SHARE),
-        _Column(header="name", key="name", unit=_Unit.NAME, csv_only=True),
+        Column(header="kernel", key="short_name", unit=Unit.NAME),
+        Column(header="category", key="category"),
+        Column(header="count", key="count", unit=Unit.INT),
+        Column(header="total", key="total_ns", unit=Unit.NS),
+        Column(header="mean", key="mean_ns", unit=Unit.NS),
+        Column(header="median", key="median_ns", unit=Unit.NS),
+        Column(header="min", key="min_ns", unit=Unit.NS),
+        Column(header="max", key="max_ns", unit=Unit.NS),
+        Column(header="share", key="share", unit=Unit.SHARE),
+        Column(header="name", key="name", unit=Unit.NAME, csv_only=True),
     ]
     if report.kernels is not None:
         k = report.kernels
         tables.append(
-            _Table(
+            Table(
                 section="kernels",
                 title="Top kernels",
                 columns=kernel_cols,
@@ -267,14 +143,14 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
     if report.categories is not None:
         c = report.categories
         tables.append(
-            _Table(
+            Table(
                 section="categories",
                 title="GPU time by category",
                 columns=[
-                    _Column(header="category", key="category"),
-                    _Column(header="count", key="count", unit=_Unit.INT),
-                    _Column(header="total", key="total_ns", unit=_Unit.NS),
-                    _Column(header="share", key="share", unit=_Unit.SHARE),
+                    Column(header="category", key="category"),
+                    Column(header="count", key="count", unit=Unit.INT),
+                    Column(header="total", key="total_ns", unit=Unit.NS),
+                    Column(header="share", key="share", unit=Unit.SHARE),
                     *step_spread_cols,
                 ],
                 rows=c.rows,
@@ -283,16 +159,16 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
         )
     if report.families is not None:
         tables.append(
-            _Table(
+            Table(
                 section="families",
                 title="Kernel families (tile-shape variants together)",
                 columns=[
-                    _Column(header="family", key="family", unit=_Unit.NAME),
-                    _Column(header="category", key="category"),
-                    _Column(header="variants", key="variants", unit=_Unit.INT),
-                    _Column(header="count", key="count", unit=_Unit.INT),
-                    _Column(header="total", key="total_ns", unit=_Unit.NS),
-                    _Column(header="share", key="share", unit=_Unit.SHARE),
+                    Column(header="family", key="family", unit=Unit.NAME),
+                    Column(header="category", key="category"),
+                    Column(header="variants", key="variants", unit=Unit.INT),
+                    Column(header="count", key="count", unit=Unit.INT),
+                    Column(header="total", key="total_ns", unit=Unit.NS),
+                    Column(header="share", key="share", unit=Unit.SHARE),
                     *step_spread_cols,
                 ],
                 rows=report.families.rows,
@@ -301,7 +177,7 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
     if report.non_gemm is not None:
         n = report.non_gemm
         tables.append(
-            _Table(
+            Table(
                 section="non_gemm",
                 title="Non-GEMM kernels",
                 columns=kernel_cols,
@@ -312,7 +188,7 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
     if report.attention is not None:
         a = report.attention
         tables.append(
-            _Table(
+            Table(
                 section="attention",
                 title="Attention kernels",
                 columns=kernel_cols,
@@ -323,16 +199,16 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
     if report.launches is not None:
         la = report.launches
         tables.append(
-            _Table(
+            Table(
                 section="launches",
                 title="Launch overhead",
                 columns=[
-                    _Column(header="API", key="name", unit=_Unit.NAME),
-                    _Column(header="kind", key="kind"),
-                    _Column(header="count", key="count", unit=_Unit.INT),
-                    _Column(header="total", key="total_ns", unit=_Unit.NS),
-                    _Column(header="mean", key="mean_ns", unit=_Unit.NS),
-                    _Column(header="max", key="max_ns", unit=_Unit.NS),
+                    Column(header="API", key="name", unit=Unit.NAME),
+                    Column(header="kind", key="kind"),
+                    Column(header="count", key="count", unit=Unit.INT),
+                    Column(header="total", key="total_ns", unit=Unit.NS),
+                    Column(header="mean", key="mean_ns", unit=Unit.NS),
+                    Column(header="max", key="max_ns", unit=Unit.NS),
                 ],
                 rows=la.apis,
                 lines=[
@@ -348,16 +224,16 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
     if report.memory is not None:
         m = report.memory
         tables.append(
-            _Table(
+            Table(
                 section="memory",
                 title="Memory operations",
                 columns=[
-                    _Column(header="kind", key="kind"),
-                    _Column(header="direction", key="direction"),
-                    _Column(header="count", key="count", unit=_Unit.INT),
-                    _Column(header="bytes", key="bytes", unit=_Unit.BYTES),
-                    _Column(header="total", key="total_ns", unit=_Unit.NS),
-                    _Column(header="bandwidth", key="bandwidth_gbps", unit=_Unit.GBPS),
+                    Column(header="kind", key="kind"),
+                    Column(header="direction", key="direction"),
+                    Column(header="count", key="count", unit=Unit.INT),
+                    Column(header="bytes", key="bytes", unit=Unit.BYTES),
+                    Column(header="total", key="total_ns", unit=Unit.NS),
+                    Column(header="bandwidth", key="bandwidth_gbps", unit=Unit.GBPS),
                 ],
                 rows=m.rows,
             )
@@ -365,18 +241,18 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
     if report.ranges is not None:
         r = report.ranges
         tables.append(
-            _Table(
+            Table(
                 section="ranges",
                 title="GPU time per range",
                 columns=[
-                    _Column(header="range", key="path", unit=_Unit.NAME),
-                    _Column(header="count", key="count", unit=_Unit.INT),
-                    _Column(header="CPU", key="cpu_ns", unit=_Unit.NS),
-                    _Column(header="GPU busy", key="gpu_busy_ns", unit=_Unit.NS),
-                    _Column(header="kernels", key="kernel_ns", unit=_Unit.NS),
-                    _Column(header="GPU span", key="gpu_span_ns", unit=_Unit.NS),
-                    _Column(header="launches", key="launches", unit=_Unit.INT),
-                    _Column(header="GPU ops", key="gpu_ops", unit=_Unit.INT),
+                    Column(header="range", key="path", unit=Unit.NAME),
+                    Column(header="count", key="count", unit=Unit.INT),
+                    Column(header="CPU", key="cpu_ns", unit=Unit.NS),
+                    Column(header="GPU busy", key="gpu_busy_ns", unit=Unit.NS),
+                    Column(header="kernels", key="kernel_ns", unit=Unit.NS),
+                    Column(header="GPU span", key="gpu_span_ns", unit=Unit.NS),
+                    Column(header="launches", key="launches", unit=Unit.INT),
+                    Column(header="GPU ops", key="gpu_ops", unit=Unit.INT),
                 ],
                 rows=r.rows,
                 lines=[f"{r.distinct:,} distinct range paths"] if r.distinct > len(r.rows) else [],
@@ -386,19 +262,19 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
         st = report.steps
         cats = [c for c in CATEGORIES if any(c in row.categories for row in st.rows)]
         cols = [
-            _Column(header="step", key="index", unit=_Unit.INT),
-            _Column(header="name", key="name", unit=_Unit.NAME),
-            _Column(header="phase", key="phase"),
-            _Column(header="start", key="start_ns", unit=_Unit.NS),
-            _Column(header="CPU", key="cpu_ns", unit=_Unit.NS),
-            _Column(header="GPU busy", key="gpu_busy_ns", unit=_Unit.NS),
-            _Column(header="GPU span", key="gpu_span_ns", unit=_Unit.NS),
-            _Column(header="kernels", key="kernels", unit=_Unit.INT),
-            _Column(header="launches", key="launches", unit=_Unit.INT),
-            _Column(header="launch API", key="launch_api_ns", unit=_Unit.NS),
-            _Column(header="sync", key="sync_ns", unit=_Unit.NS),
-            _Column(header="memcpy", key="memcpy_bytes", unit=_Unit.BYTES),
-        ] + [_Column(header=c, key=f"cat:{c}", unit=_Unit.NS, csv_only=True, csv_header=f"{c}_ns") for c in cats]
+            Column(header="step", key="index", unit=Unit.INT),
+            Column(header="name", key="name", unit=Unit.NAME),
+            Column(header="phase", key="phase"),
+            Column(header="start", key="start_ns", unit=Unit.NS),
+            Column(header="CPU", key="cpu_ns", unit=Unit.NS),
+            Column(header="GPU busy", key="gpu_busy_ns", unit=Unit.NS),
+            Column(header="GPU span", key="gpu_span_ns", unit=Unit.NS),
+            Column(header="kernels", key="kernels", unit=Unit.INT),
+            Column(header="launches", key="launches", unit=Unit.INT),
+            Column(header="launch API", key="launch_api_ns", unit=Unit.NS),
+            Column(header="sync", key="sync_ns", unit=Unit.NS),
+            Column(header="memcpy", key="memcpy_bytes", unit=Unit.BYTES),
+        ] + [Column(header=c, key=f"cat:{c}", unit=Unit.NS, csv_only=True, csv_header=f"{c}_ns") for c in cats]
         lines = [
             f"{st.count:,} steps (pattern {st.pattern}); CPU median {format_ns(st.cpu_median_ns)} "
             f"(p10 {format_ns(st.cpu_p10_ns)}, p90 {format_ns(st.cpu_p90_ns)}); GPU busy median "
@@ -408,11 +284,11 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
         rows = [
             dict(dataclasses.asdict(row), **{f"cat:{c}": row.categories.get(c, 0) for c in cats}) for row in st.rows
         ]
-        tables.append(_Table(section="steps", title="Steps", columns=cols, rows=rows, lines=lines))
+        tables.append(Table(section="steps", title="Steps", columns=cols, rows=rows, lines=lines, cut=True))
     if report.small_ops is not None:
         so = report.small_ops
         tables.append(
-            _Table(
+            Table(
                 section="small_ops",
                 title=f"Small frequent kernels (mean < {format_ns(so.threshold_ns)})",
                 columns=kernel_cols,
@@ -425,30 +301,30 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
         )
     if report.timeline is not None:
         tables.append(
-            _Table(
+            Table(
                 section="timeline",
                 title="Long events, in time order",
                 columns=[
-                    _Column(header="start", key="start_ns", unit=_Unit.NS),
-                    _Column(header="duration", key="dur_ns", unit=_Unit.NS),
-                    _Column(header="kind", key="kind"),
-                    _Column(header="where", key="where"),
-                    _Column(header="name", key="name", unit=_Unit.NAME),
+                    Column(header="start", key="start_ns", unit=Unit.NS),
+                    Column(header="duration", key="dur_ns", unit=Unit.NS),
+                    Column(header="kind", key="kind"),
+                    Column(header="where", key="where"),
+                    Column(header="name", key="name", unit=Unit.NAME),
                 ],
                 rows=report.timeline.rows,
             )
         )
     if report.cpu_ops is not None:
         tables.append(
-            _Table(
+            Table(
                 section="cpu_ops",
                 title="CPU operators (inclusive time)",
                 columns=[
-                    _Column(header="operator", key="name", unit=_Unit.NAME),
-                    _Column(header="count", key="count", unit=_Unit.INT),
-                    _Column(header="total", key="total_ns", unit=_Unit.NS),
-                    _Column(header="mean", key="mean_ns", unit=_Unit.NS),
-                    _Column(header="max", key="max_ns", unit=_Unit.NS),
+                    Column(header="operator", key="name", unit=Unit.NAME),
+                    Column(header="count", key="count", unit=Unit.INT),
+                    Column(header="total", key="total_ns", unit=Unit.NS),
+                    Column(header="mean", key="mean_ns", unit=Unit.NS),
+                    Column(header="max", key="max_ns", unit=Unit.NS),
                 ],
                 rows=report.cpu_ops.rows,
                 lines=[f"{report.cpu_ops.count:,} operator calls"],
@@ -462,16 +338,16 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
             return f"{format_ns(ns)} ({ns / window * 100:.1f} %)" if window else format_ns(ns)
 
         tables.append(
-            _Table(
+            Table(
                 section="idle",
                 title="GPU idle time" + (" per step" if idle.scope == "steps" else ""),
                 columns=[
-                    _Column(header="step", key="index", unit=_Unit.INT),
-                    _Column(header="window", key="window_ns", unit=_Unit.NS),
-                    _Column(header="busy", key="busy_ns", unit=_Unit.NS),
-                    _Column(header="idle: host launching", key="idle_launch_ns", unit=_Unit.NS),
-                    _Column(header="idle: host in sync", key="idle_sync_ns", unit=_Unit.NS),
-                    _Column(header="idle: other", key="idle_other_ns", unit=_Unit.NS),
+                    Column(header="step", key="index", unit=Unit.INT),
+                    Column(header="window", key="window_ns", unit=Unit.NS),
+                    Column(header="busy", key="busy_ns", unit=Unit.NS),
+                    Column(header="idle: host launching", key="idle_launch_ns", unit=Unit.NS),
+                    Column(header="idle: host in sync", key="idle_sync_ns", unit=Unit.NS),
+                    Column(header="idle: other", key="idle_other_ns", unit=Unit.NS),
                 ],
                 rows=idle.rows,
                 lines=[
@@ -483,14 +359,14 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
     if report.communication is not None:
         cm = report.communication
         tables.append(
-            _Table(
+            Table(
                 section="communication",
                 title="Communication and computation overlap",
                 columns=[
-                    _Column(header="step", key="index", unit=_Unit.INT),
-                    _Column(header="communication", key="communication_ns", unit=_Unit.NS),
-                    _Column(header="overlapped", key="overlap_ns", unit=_Unit.NS),
-                    _Column(header="exposed", key="exposed_ns", unit=_Unit.NS),
+                    Column(header="step", key="index", unit=Unit.INT),
+                    Column(header="communication", key="communication_ns", unit=Unit.NS),
+                    Column(header="overlapped", key="overlap_ns", unit=Unit.NS),
+                    Column(header="exposed", key="exposed_ns", unit=Unit.NS),
                 ],
                 rows=cm.rows,
                 lines=[
@@ -502,20 +378,20 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
     if report.flops is not None:
         fl = report.flops
         tables.append(
-            _Table(
+            Table(
                 section="flops",
                 title="Achieved FLOP/s by category",
                 columns=[
-                    _Column(header="category", key="category"),
-                    _Column(header="FLOPs", key="flops", unit=_Unit.INT),
-                    _Column(header="time", key="time_ns", unit=_Unit.NS),
-                    _Column(header="achieved", key="flops_per_s", unit=_Unit.FLOP_RATE),
+                    Column(header="category", key="category"),
+                    Column(header="FLOPs", key="flops", unit=Unit.INT),
+                    Column(header="time", key="time_ns", unit=Unit.NS),
+                    Column(header="achieved", key="flops_per_s", unit=Unit.FLOP_RATE),
                 ],
                 rows=fl.categories,
                 lines=[f"{fl.total_flops:,} FLOPs recorded; time on the {fl.clock.upper()} clock"]
                 + [
                     f"{r.operator}: {r.count:,} calls, {r.flops:,} FLOPs, {format_ns(r.time_ns)}, "
-                    + (_format_flop_rate(r.flops_per_s) if r.flops_per_s is not None else "-")
+                    + (format_flop_rate(r.flops_per_s) if r.flops_per_s is not None else "-")
                     for r in fl.rows[:10]
                 ],
             )
@@ -523,25 +399,25 @@ def _report_tables(report: Report, markdown: bool = False) -> list[_Table]:
     return tables
 
 
-def _rank_tables(rk: Any) -> list[_Table]:
+def _rank_tables(rk: Any) -> list[Table]:
     exposed = sum(r.exposed_communication_ns for r in rk.rows)
     comm = sum(r.communication_ns for r in rk.rows)
     tables = [
-        _Table(
+        Table(
             section="ranks",
             title=f"Ranks ({rk.count}, numbered by {rk.source})",
             columns=[
-                _Column(header="rank", key="rank", unit=_Unit.INT),
-                _Column(header="kernels", key="kernel_ns", unit=_Unit.NS),
-                _Column(header="communication", key="communication_ns", unit=_Unit.NS),
-                _Column(header="overlapped", key="overlap_ns", unit=_Unit.NS),
-                _Column(header="exposed", key="exposed_communication_ns", unit=_Unit.NS),
-                _Column(header="GPU busy", key="busy_ns", unit=_Unit.NS),
-                _Column(header="span", key="span_ns", unit=_Unit.NS),
-                _Column(header="launches", key="launches", unit=_Unit.INT),
-                _Column(header="steps", key="steps", unit=_Unit.INT),
-                _Column(header="step (median)", key="step_median_ns", unit=_Unit.NS),
-                _Column(header="path", key="path", unit=_Unit.NAME, csv_only=True),
+                Column(header="rank", key="rank", unit=Unit.INT),
+                Column(header="kernels", key="kernel_ns", unit=Unit.NS),
+                Column(header="communication", key="communication_ns", unit=Unit.NS),
+                Column(header="overlapped", key="overlap_ns", unit=Unit.NS),
+                Column(header="exposed", key="exposed_communication_ns", unit=Unit.NS),
+                Column(header="GPU busy", key="busy_ns", unit=Unit.NS),
+                Column(header="span", key="span_ns", unit=Unit.NS),
+                Column(header="launches", key="launches", unit=Unit.INT),
+                Column(header="steps", key="steps", unit=Unit.INT),
+                Column(header="step (median)", key="step_median_ns", unit=Unit.NS),
+                Column(header="path", key="path", unit=Unit.NAME, csv_only=True),
             ],
             rows=rk.rows,
             lines=[f"communication {format_ns(comm)} in all, of which exposed (no other kernel running) {format_ns(exposed)}"],
@@ -549,33 +425,33 @@ def _rank_tables(rk: Any) -> list[_Table]:
     ]
     if rk.stragglers:
         tables.append(
-            _Table(
+            Table(
                 section="stragglers",
                 title="Stragglers: the slowest rank of each step",
                 columns=[
-                    _Column(header="step", key="index", unit=_Unit.INT),
-                    _Column(header="slowest rank", key="slowest_rank", unit=_Unit.INT),
-                    _Column(header="its step", key="slowest_ns", unit=_Unit.NS),
-                    _Column(header="median rank", key="median_ns", unit=_Unit.NS),
-                    _Column(header="excess", key="excess_ns", unit=_Unit.NS),
-                    _Column(header="explained by", key="category"),
-                    _Column(header="category excess", key="category_excess_ns", unit=_Unit.NS),
+                    Column(header="step", key="index", unit=Unit.INT),
+                    Column(header="slowest rank", key="slowest_rank", unit=Unit.INT),
+                    Column(header="its step", key="slowest_ns", unit=Unit.NS),
+                    Column(header="median rank", key="median_ns", unit=Unit.NS),
+                    Column(header="excess", key="excess_ns", unit=Unit.NS),
+                    Column(header="explained by", key="category"),
+                    Column(header="category excess", key="category_excess_ns", unit=Unit.NS),
                 ],
                 rows=rk.stragglers,
             )
         )
     if rk.skew:
         tables.append(
-            _Table(
+            Table(
                 section="skew",
                 title="Collective skew: how far apart the ranks start the same collective",
                 columns=[
-                    _Column(header="collective", key="family", unit=_Unit.NAME),
-                    _Column(header="count", key="occurrences", unit=_Unit.INT),
-                    _Column(header="median skew", key="median_skew_ns", unit=_Unit.NS),
-                    _Column(header="max skew", key="max_skew_ns", unit=_Unit.NS),
-                    _Column(header="last rank", key="last_rank", unit=_Unit.INT),
-                    _Column(header="last, share", key="last_rank_share", unit=_Unit.SHARE),
+                    Column(header="collective", key="family", unit=Unit.NAME),
+                    Column(header="count", key="occurrences", unit=Unit.INT),
+                    Column(header="median skew", key="median_skew_ns", unit=Unit.NS),
+                    Column(header="max skew", key="max_skew_ns", unit=Unit.NS),
+                    Column(header="last rank", key="last_rank", unit=Unit.INT),
+                    Column(header="last, share", key="last_rank_share", unit=Unit.SHARE),
                 ],
                 rows=rk.skew,
                 lines=["on the traces' own clocks: meaningful for ranks of one node, or with synchronized clocks"],
@@ -584,28 +460,28 @@ def _rank_tables(rk: Any) -> list[_Table]:
     return tables
 
 
-def _verdict_table(d: DiffReport) -> _Table:
+def _verdict_table(d: DiffReport) -> Table:
     """The verdict first: per-step medians of A and B, their spreads, and the judgement of each."""
     cols = [
-        _Column(header="figure", key="figure", unit=_Unit.NAME),
-        _Column(header="metric", key="metric"),
-        _Column(header="A median", key="a", unit=_Unit.BY_METRIC),
-        _Column(header="B median", key="b", unit=_Unit.BY_METRIC),
-        _Column(header="A p10-p90", key="a_spread", unit=_Unit.BY_METRIC),
-        _Column(header="B p10-p90", key="b_spread", unit=_Unit.BY_METRIC),
-        _Column(header="change", key="change", unit=_Unit.SHARE),
-        _Column(header="judgement", key="judgement"),
+        Column(header="figure", key="figure", unit=Unit.NAME),
+        Column(header="metric", key="metric"),
+        Column(header="A median", key="a", unit=Unit.BY_METRIC),
+        Column(header="B median", key="b", unit=Unit.BY_METRIC),
+        Column(header="A p10-p90", key="a_spread", unit=Unit.BY_METRIC),
+        Column(header="B p10-p90", key="b_spread", unit=Unit.BY_METRIC),
+        Column(header="change", key="change", unit=Unit.SHARE),
+        Column(header="judgement", key="judgement"),
     ]
     title = f"Verdict: {d.verdict}"
-    return _Table(section="verdict", title=title, columns=cols, rows=d.verdict_rows)
+    return Table(section="verdict", title=title, columns=cols, rows=d.verdict_rows)
 
 
-def _diff_tables(d: DiffReport, markdown: bool = False) -> list[_Table]:
+def _diff_tables(d: DiffReport, markdown: bool = False) -> list[Table]:
     unit_word = {"step": "per step", "token": "per token", "none": "in all"}[d.normalize]
     tables = [_verdict_table(d)]
-    tables += [_findings_table(d.findings, markdown)] if d.findings is not None else []
+    tables += [findings_table(d.findings, markdown)] if d.findings is not None else []
     tables += [
-        _Table(
+        Table(
             section="summary",
             title="Diff",
             columns=[],
@@ -628,94 +504,22 @@ def _diff_tables(d: DiffReport, markdown: bool = False) -> list[_Table]:
     ):
         rows = getattr(d, section)
         cols = [
-            _Column(header="name", key="key", unit=_Unit.NAME),
-            _Column(header="metric", key="metric"),
-            _Column(header="A", key="a", unit=_Unit.BY_METRIC),
-            _Column(header="B", key="b", unit=_Unit.BY_METRIC),
-            _Column(header="delta", key="delta", unit=_Unit.BY_METRIC),
-            _Column(header="ratio", key="ratio", unit=_Unit.RATIO),
-            _Column(header="A median", key="a_median", unit=_Unit.BY_METRIC),
-            _Column(header="A p10-p90", key="a_spread", unit=_Unit.BY_METRIC),
-            _Column(header="B median", key="b_median", unit=_Unit.BY_METRIC),
-            _Column(header="B p10-p90", key="b_spread", unit=_Unit.BY_METRIC),
+            Column(header="name", key="key", unit=Unit.NAME),
+            Column(header="metric", key="metric"),
+            Column(header="A", key="a", unit=Unit.BY_METRIC),
+            Column(header="B", key="b", unit=Unit.BY_METRIC),
+            Column(header="delta", key="delta", unit=Unit.BY_METRIC),
+            Column(header="ratio", key="ratio", unit=Unit.RATIO),
+            Column(header="A median", key="a_median", unit=Unit.BY_METRIC),
+            Column(header="A p10-p90", key="a_spread", unit=Unit.BY_METRIC),
+            Column(header="B median", key="b_median", unit=Unit.BY_METRIC),
+            Column(header="B p10-p90", key="b_spread", unit=Unit.BY_METRIC),
         ]
-        tables.append(_Table(section=section, title=title, columns=cols, rows=rows))
+        tables.append(Table(section=section, title=title, columns=cols, rows=rows))
     return tables
 
 
 # ---------------------------------------------------------------------------- formats
-
-
-def _cell(row: Any, col: _Column, human: bool, width: int | None) -> Any:
-    value = _get(row, col.key)
-    unit = col.unit
-    if unit is _Unit.BY_METRIC:
-        metric = _get(row, "metric")
-        unit = _Unit.BYTES if metric.endswith("bytes") else _Unit.INT if metric in _COUNT_METRICS else _Unit.NS
-        if isinstance(value, float) and unit is _Unit.INT:
-            unit = _Unit.FLOAT
-    return _human(value, unit, width) if human else _raw(value)
-
-
-def _text(tables: list[_Table], top: int, markdown: bool) -> str:
-    out: list[str] = []
-    for table in tables:
-        if markdown:
-            out.append(f"## {table.title}\n")
-            # findings are a list already; other sections' lines become one
-            out.extend(table.lines if table.section == "findings" else (f"- {line}" for line in table.lines))
-        else:
-            out.append(table.title)
-            out.append("=" * len(table.title))
-            out.extend(table.lines)
-        cols = [c for c in table.columns if not c.csv_only]
-        if cols and table.rows:
-            rows = table.rows
-            # the per-step table can have thousands of rows: text and md show the first ``top``
-            limit = top if table.section == "steps" and len(rows) > top else None
-            shown = rows[:limit] if limit else rows
-            cells = [[_cell(r, c, True, None if markdown else _NAME_WIDTH) for c in cols] for r in shown]
-            headers = [c.header for c in cols]
-            if markdown:
-                out.append("")
-                out.append("| " + " | ".join(headers) + " |")
-                out.append("|" + "|".join("---" if c.unit in _LEFT_ALIGNED else "---:" for c in cols) + "|")
-                for row in cells:
-                    out.append("| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |")
-            else:
-                widths = [max(len(h), *(len(str(r[i])) for r in cells)) for i, h in enumerate(headers)]
-                out.append("")
-                out.append("  ".join(_pad(h, w, c) for h, w, c in zip(headers, widths, cols)))
-                out.append("  ".join("-" * w for w in widths))
-                for row in cells:
-                    out.append("  ".join(_pad(str(v), w, c) for v, w, c in zip(row, widths, cols)))
-            if limit:
-                out.append(f"({len(rows) - limit:,} more rows in --format csv or json)")
-        elif table.columns and not table.rows:
-            out.append("(none)")
-        out.append("")
-    return "\n".join(line.rstrip() for line in out).rstrip() + "\n"
-
-
-def _pad(text: str, width: int, col: _Column) -> str:
-    return text.ljust(width) if col.unit in _LEFT_ALIGNED else text.rjust(width)
-
-
-def _csv(tables: list[_Table]) -> str:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    first = True
-    for table in tables:
-        if not table.columns:
-            continue
-        if not first:
-            buf.write("\n")
-        first = False
-        cols = table.columns
-        writer.writerow(["section"] + [c.csv_header or c.key for c in cols])
-        for row in table.rows:
-            writer.writerow([table.section] + [_cell(row, c, False, None) for c in cols])
-    return buf.getvalue()
 
 
 def render(report: Report | DiffReport, fmt: str = "text", top: int = 20) -> str:
@@ -743,9 +547,7 @@ def render(report: Report | DiffReport, fmt: str = "text", top: int = 20) -> str
 
     markdown = fmt == "md"
     tables = _diff_tables(report, markdown) if isinstance(report, DiffReport) else _report_tables(report, markdown)
-    text = _csv(tables) if fmt == "csv" else _text(tables, top, markdown=fmt == "md")
-    # names from a trace may hold lone surrogates (JSON "\\ud800"): keep the output valid UTF-8
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return write(tables, fmt, top)
 
 
 def plot(report: Report, path: str | os.PathLike[str]) -> None:
