@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +70,67 @@ class Scrape:
 
     def label_values(self, name: str, label: str) -> set[str]:
         return {s.labels[label] for s in self.samples if s.name == name and label in s.labels}
+
+
+class Watched:
+    """What one model's generate() calls did, seen by the test itself: the model's forwards, and for a
+    speculative call what transformers handed its candidate generator step by step."""
+
+    def __init__(self) -> None:
+        self.forwards = 0
+        self.steps: list[tuple[int, int]] = []  # (draft tokens, accepted) per verification step
+        self.candidates: list[list[int]] = []  # the candidate ids each draft proposed
+        self.processors: list[Any] = []  # the logits processors the candidate generator keeps for its drafts
+
+    @property
+    def drafted(self) -> int:
+        return sum(d for d, _ in self.steps)
+
+    @property
+    def accepted(self) -> int:
+        return sum(a for _, a in self.steps)
+
+    @property
+    def drafts(self) -> int:
+        return sum(1 for d, _ in self.steps if d > 0)
+
+    def accepted_at(self, position: int) -> int:
+        return sum(1 for _, a in self.steps if a > position)
+
+
+@contextlib.contextmanager
+def watch(model: Any) -> Iterator[Watched]:
+    """Count ``model``'s forwards (a forward pre-hook) and record what its candidate generators see (a
+    wrapper of ``GenerationMixin._get_candidate_generator``, put back on leaving)."""
+    seen = Watched()
+    mixin = transformers.GenerationMixin
+    original = mixin.__dict__["_get_candidate_generator"]
+
+    def get_candidate_generator(self: Any, *args: Any, **kwargs: Any) -> Any:
+        generator = original(self, *args, **kwargs)
+        update, draft = generator.update_candidate_strategy, generator.get_candidates
+
+        def get_candidates(*a: Any, **k: Any) -> Any:
+            found = draft(*a, **k)
+            seen.candidates.append(found[0].flatten().tolist())
+            return found
+
+        def record(input_ids: Any, scores: Any, num_matches: int) -> Any:
+            seen.steps.append((scores.shape[1] - 1, int(num_matches)))
+            return update(input_ids, scores, num_matches)
+
+        generator.get_candidates = get_candidates
+        generator.update_candidate_strategy = record
+        seen.processors = list(getattr(generator, "logits_processor", None) or [])
+        return generator
+
+    def count(module: Any, args: Any) -> None:
+        seen.forwards += 1
+
+    mixin._get_candidate_generator = get_candidate_generator
+    handle = model.register_forward_pre_hook(count)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+        mixin._get_candidate_generator = original

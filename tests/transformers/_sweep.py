@@ -29,6 +29,7 @@ import torch
 import transformers
 
 import gpuprobe
+from _hfkit import Watched, watch
 from gpuprobe.integrations.transformers import instrument, instrument_all, uninstrument, uninstrument_all
 from gpuprobe.testing import reset
 
@@ -265,40 +266,9 @@ def call_of(arch: Arch, mode: str, model: Any, assistant: Any) -> Call:
     return Call((x,), kw, n_in, rows * batch, streamer, prepare if mode == "assisted" else None)
 
 
-class _Plain:
-    """What the uninstrumented call did."""
-
-    def __init__(self) -> None:
-        self.forwards = 0
-        self.steps: list[tuple[int, int]] = []  # speculative: (draft tokens, accepted) per step
-
-
-def _run_plain(model: Any, call: Call, seed: int) -> tuple[Any, _Plain]:
-    plain = _Plain()
-    mixin = t.GenerationMixin
-    original = mixin._get_candidate_generator
-
-    def get_candidate_generator(self: Any, *args: Any, **kwargs: Any) -> Any:
-        generator = original(self, *args, **kwargs)
-        update = generator.update_candidate_strategy
-
-        def record(input_ids: Any, scores: Any, num_matches: int) -> Any:
-            plain.steps.append((scores.shape[1] - 1, int(num_matches)))
-            return update(input_ids, scores, num_matches)
-
-        generator.update_candidate_strategy = record
-        return generator
-
-    def count(module: Any, args: Any) -> None:
-        plain.forwards += 1
-
-    mixin._get_candidate_generator = get_candidate_generator  # type: ignore[method-assign]
-    handle = model.register_forward_pre_hook(count)
-    try:
+def _run_plain(model: Any, call: Call, seed: int) -> tuple[Any, Watched]:
+    with watch(model) as plain:
         return _outcome(model, call, seed), plain
-    finally:
-        handle.remove()
-        mixin._get_candidate_generator = original  # type: ignore[method-assign]
 
 
 def _outcome(model: Any, call: Call, seed: int) -> Any:

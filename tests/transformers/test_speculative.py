@@ -1,19 +1,17 @@
 """Assisted decoding and prompt lookup: outputs unchanged, steps, latencies and speculative counts exact.
 
-The expected counts come from the uninstrumented run of the same call: the main model's forwards are
-counted with a forward hook (one per verification step), and what each step drafted and accepted is
-what transformers itself hands its candidate generator (``update_candidate_strategy(input_ids,
+The expected counts come from the uninstrumented run of the same call (``_hfkit.watch``): the main model's
+forwards are counted with a forward hook (one per verification step), and what each step drafted and
+accepted is what transformers itself hands its candidate generator (``update_candidate_strategy(input_ids,
 scores, num_matches)``), recorded by a wrapper of the test's own around ``_get_candidate_generator``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _hfkit import build, prompt, torch, transformers
+from _hfkit import Watched, prompt, torch, transformers, watch
 
 import gpuprobe
 from gpuprobe.integrations.transformers import instrument, instrument_all, uninstrument
@@ -40,68 +38,6 @@ def sums(metric: str, **labels: str) -> float:
                for p in md.points if all(p.labels.get(k) == v for k, v in labels.items()))
 
 
-class Plain:
-    """What an uninstrumented call did: the main model's forwards, and each step's draft and acceptance."""
-
-    def __init__(self) -> None:
-        self.forwards = 0
-        self.steps: list[tuple[int, int]] = []  # (draft tokens, accepted) per verification step
-        self.candidates: list[list[int]] = []  # the candidate ids each draft proposed
-        self.processors: list[Any] = []  # the logits processors the candidate generator keeps for its drafts
-
-    @property
-    def drafted(self) -> int:
-        return sum(d for d, _ in self.steps)
-
-    @property
-    def accepted(self) -> int:
-        return sum(a for _, a in self.steps)
-
-    @property
-    def drafts(self) -> int:
-        return sum(1 for d, _ in self.steps if d > 0)
-
-    def accepted_at(self, position: int) -> int:
-        return sum(1 for _, a in self.steps if a > position)
-
-
-@contextlib.contextmanager
-def watch(model: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Plain]:
-    plain = Plain()
-    mixin = transformers.GenerationMixin
-    original = mixin._get_candidate_generator
-
-    def get_candidate_generator(self: Any, *args: Any, **kwargs: Any) -> Any:
-        generator = original(self, *args, **kwargs)
-        update, draft = generator.update_candidate_strategy, generator.get_candidates
-
-        def get_candidates(*a: Any, **k: Any) -> Any:
-            found = draft(*a, **k)
-            plain.candidates.append(found[0].flatten().tolist())
-            return found
-
-        generator.get_candidates = get_candidates
-        plain.processors = list(getattr(generator, "logits_processor", None) or [])
-
-        def record(input_ids: Any, scores: Any, num_matches: int) -> Any:
-            plain.steps.append((scores.shape[1] - 1, int(num_matches)))
-            return update(input_ids, scores, num_matches)
-
-        generator.update_candidate_strategy = record
-        return generator
-
-    def count(module: Any, args: Any) -> None:
-        plain.forwards += 1
-
-    with monkeypatch.context() as mp:
-        mp.setattr(mixin, "_get_candidate_generator", get_candidate_generator)
-        handle = model.register_forward_pre_hook(count)
-        try:
-            yield plain
-        finally:
-            handle.remove()
-
-
 def assistant_of(model: Any, noise: float = 0.0) -> Any:
     """A draft model: the main model's weights, its head disturbed by ``noise`` (0: every draft accepted)."""
     import copy
@@ -122,7 +58,7 @@ def repeating_prompt() -> Any:
     return torch.cat([ids, ids, ids], dim=1)
 
 
-def check_call(plain: Plain, model_name: str, method: str, prompt_len: int, on_device: bool) -> None:
+def check_call(plain: Watched, model_name: str, method: str, prompt_len: int, on_device: bool) -> None:
     steps = plain.forwards
     assert len(plain.steps) == steps
     assert plain.accepted == NEW - steps  # each step emits its accepted drafts and one token of its own
@@ -154,11 +90,11 @@ def check_call(plain: Plain, model_name: str, method: str, prompt_len: int, on_d
 
 @pytest.mark.parametrize("noise", [0.0, 0.05], ids=["drafts-accepted", "drafts-rejected"])
 def test_assisted_decoding_keeps_its_output_and_counts_each_verification_step(
-        make_model, monkeypatch, device_backend, noise: float) -> None:
+        make_model, device_backend, noise: float) -> None:
     model = make_model("llama")
     assistant = assistant_of(model, noise)
     ids = prompt(length=6)
-    with watch(model, monkeypatch) as plain:
+    with watch(model) as plain:
         ref = model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, assistant_model=assistant)
     instrument(model, model_name="main")
     out = model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, assistant_model=assistant)
@@ -169,11 +105,11 @@ def test_assisted_decoding_keeps_its_output_and_counts_each_verification_step(
     check_call(plain, "main", "draft_model", 6, device_backend is not None)
 
 
-def test_prompt_lookup_counts_its_drafts_without_a_draft_model(make_model, monkeypatch, device_backend) -> None:
+def test_prompt_lookup_counts_its_drafts_without_a_draft_model(make_model, device_backend) -> None:
     model = make_model("llama")
     ids = repeating_prompt()
     kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, prompt_lookup_num_tokens=3)
-    with watch(model, monkeypatch) as plain:
+    with watch(model) as plain:
         ref = model.generate(ids, **kw)
     instrument(model, model_name="main")
     assert torch.equal(ref, model.generate(ids, **kw))
@@ -181,13 +117,13 @@ def test_prompt_lookup_counts_its_drafts_without_a_draft_model(make_model, monke
     check_call(plain, "main", "prompt_lookup", ids.shape[1], device_backend is not None)
 
 
-def test_speculative_sampling_keeps_its_output_for_a_seed(make_model, monkeypatch, device_backend) -> None:
+def test_speculative_sampling_keeps_its_output_for_a_seed(make_model, device_backend) -> None:
     model = make_model("llama")
     assistant = assistant_of(model, 0.02)
     ids = prompt(length=6)
     kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=True, top_k=20, assistant_model=assistant)
     torch.manual_seed(11)
-    with watch(model, monkeypatch) as plain:
+    with watch(model) as plain:
         ref = model.generate(ids, **kw)
     instrument(model, model_name="main")
     torch.manual_seed(11)
@@ -195,11 +131,11 @@ def test_speculative_sampling_keeps_its_output_for_a_seed(make_model, monkeypatc
     check_call(plain, "main", "draft_model", 6, device_backend is not None)
 
 
-def test_early_exit_drafts_with_the_model_itself_unmeasured(make_model, monkeypatch, device_backend) -> None:
+def test_early_exit_drafts_with_the_model_itself_unmeasured(make_model, device_backend) -> None:
     model = make_model("llama")
     ids = prompt(length=6)
     kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, assistant_early_exit=1)
-    with watch(model, monkeypatch) as plain:
+    with watch(model) as plain:
         ref = model.generate(ids, **kw)
     forwards_with_drafts = plain.forwards  # the draft runs the model's own first layers: forwards of its own
     instrument(model, model_name="main")
@@ -209,12 +145,12 @@ def test_early_exit_drafts_with_the_model_itself_unmeasured(make_model, monkeypa
     check_call(plain, "main", "early_exit", 6, device_backend is not None)
 
 
-def test_an_instrumented_draft_model_reports_no_requests_of_its_own(make_model, monkeypatch, device_backend) -> None:
+def test_an_instrumented_draft_model_reports_no_requests_of_its_own(make_model, device_backend) -> None:
     model = make_model("llama")
     assistant = instrument(assistant_of(model, 0.05), model_name="draft")
     ids = prompt(length=6)
     kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, assistant_model=assistant)
-    with watch(model, monkeypatch) as plain:
+    with watch(model) as plain:
         ref = model.generate(ids, **kw)
     gpuprobe.testing.reset()
     instrument(model, model_name="main")
@@ -229,8 +165,7 @@ def test_an_instrumented_draft_model_reports_no_requests_of_its_own(make_model, 
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.01], ids=["drafts-accepted", "drafts-rejected"])
-def test_encoder_decoder_assisted_decoding_counts_no_decoder_start_token(monkeypatch, device_backend,
-                                                                         noise: float) -> None:
+def test_encoder_decoder_assisted_decoding_counts_no_decoder_start_token(device_backend, noise: float) -> None:
     t = transformers
     cfg = t.BartConfig(vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
@@ -241,7 +176,7 @@ def test_encoder_decoder_assisted_decoding_counts_no_decoder_start_token(monkeyp
     assistant = assistant_of(model, noise)
     ids = prompt(length=6)
     kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, assistant_model=assistant)
-    with watch(model, monkeypatch) as plain:
+    with watch(model) as plain:
         ref = model.generate(ids, **kw)
     instrument(model, model_name="bart")
     try:
@@ -252,12 +187,12 @@ def test_encoder_decoder_assisted_decoding_counts_no_decoder_start_token(monkeyp
         uninstrument(model)
 
 
-def test_assisted_decoding_under_instrument_all(make_model, monkeypatch, device_backend) -> None:
+def test_assisted_decoding_under_instrument_all(make_model, device_backend) -> None:
     model = make_model("llama")
     assistant = assistant_of(model, 0.05)
     ids = prompt(length=6)
     kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, assistant_model=assistant)
-    with watch(model, monkeypatch) as plain:
+    with watch(model) as plain:
         ref = model.generate(ids, **kw)
     instrument_all(model_name="main")
     assert torch.equal(ref, model.generate(ids, **kw))
@@ -289,7 +224,7 @@ def test_the_sync_audit_attributes_the_verification(make_model) -> None:
     assert "verify" in components  # the number of accepted tokens, read on the host to slice the tokens
 
 
-def test_the_draft_model_drafts_as_it_does_without_gpuprobe(make_model, monkeypatch) -> None:
+def test_the_draft_model_drafts_as_it_does_without_gpuprobe(make_model) -> None:
     # The candidate generator hands the call's logits processors to the draft model's generate(), which
     # merges them with its own by type: it must get the processors themselves, not gpuprobe's stand-ins.
     model = make_model("llama")
@@ -297,9 +232,9 @@ def test_the_draft_model_drafts_as_it_does_without_gpuprobe(make_model, monkeypa
     ids = prompt(length=6)
     kw = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, assistant_model=assistant,
               repetition_penalty=1.5, no_repeat_ngram_size=2)
-    with watch(model, monkeypatch) as plain:
+    with watch(model) as plain:
         ref = model.generate(ids, **kw)
-    with watch(model, monkeypatch) as measured:
+    with watch(model) as measured:
         instrument(model, model_name="main")  # its seam runs the watched method underneath
         out = model.generate(ids, **kw)
     assert torch.equal(ref, out)
