@@ -240,7 +240,7 @@ _instrument(model, model_name="tiny-llama").generate(**inputs, max_new_tokens=3)
 ''',
     "docs/utilization.md": '''
 from gpuprobe.integrations.transformers import instrument as _instrument
-_instrument(AutoModelForCausalLM.from_pretrained("tiny").eval(), model_name="llama-4x512")  # the example's name
+_llama = _instrument(AutoModelForCausalLM.from_pretrained("tiny").eval(), model_name="llama-4x512")  # its name
 ''',
     "docs/capture.md": '''
 import runpy as _runpy
