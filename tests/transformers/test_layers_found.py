@@ -10,7 +10,7 @@ import pytest
 from _hfkit import prompt, torch, transformers
 
 import gpuprobe
-from gpuprobe.integrations.transformers import find_layers, instrument
+from gpuprobe.integrations.transformers import find_layers, instrument, uninstrument
 
 t = transformers
 
@@ -62,9 +62,12 @@ def test_the_blocks_found_are_the_decoders(build, block: str, decoder) -> None: 
 @pytest.mark.parametrize("build", [prophetnet, t5, llava], ids=["prophetnet", "t5", "llava"])
 def test_every_sampled_decode_step_times_each_decoder_block(build) -> None:  # type: ignore[no-untyped-def]
     model = instrument(build(), model_name="m", layers=True, layer_every=1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.generate(prompt(length=6), max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.generate(prompt(length=6), max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    finally:
+        uninstrument(model)
     assert [str(w.message) for w in caught if "timed layers" in str(w.message)] == []
     assert layer_samples("m") == 4 * 2  # 4 decode steps, 2 decoder blocks
 
@@ -73,8 +76,11 @@ def test_layers_that_never_run_in_a_decode_step_are_named_in_one_warning() -> No
     model = t5()
     encoder_blocks = list(model.encoder.block)
     instrument(model, model_name="m", layers=encoder_blocks, layer_every=1)
-    with pytest.warns(RuntimeWarning, match=r"none of the 3 timed layers of model 'm' \(T5Block\) ran") as caught:
-        model.generate(prompt(length=6), max_new_tokens=4, min_new_tokens=4, do_sample=False)
-        model.generate(prompt(length=6), max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"none of the 3 timed layers of model 'm' \(T5Block\) ran") as caught:
+            model.generate(prompt(length=6), max_new_tokens=4, min_new_tokens=4, do_sample=False)
+            model.generate(prompt(length=6), max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    finally:
+        uninstrument(model)
     assert len([w for w in caught if "timed layers" in str(w.message)]) == 1
     assert layer_samples("m") == 0
