@@ -1,5 +1,6 @@
-"""Evidence for the findings: where syncs happen, why the GPU idles, what concatenation costs per
-step, FLOPs achieved, graph replays; computed once from a finished scan and its columns.
+"""Evidence for the findings: where syncs happen, what concatenation costs per step, graph replays,
+copies from pageable memory; computed once from a finished scan and its columns. (The idle and FLOPs
+figures the rules also read are report sections: :mod:`gpuprobe.report.sections`.)
 
 Everything here is interval arithmetic over the columns of :class:`~gpuprobe.report._scan.TraceScan`
 in plain Python, per step: the loops run over the GPU operations, sync calls and CPU operators of
@@ -15,16 +16,10 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from gpuprobe._kernel_names import (
-    CATEGORIES,
-    CONCAT_OPS,
-    WOULD_SYNC_OPS,
-    categorize_cpu_op,
-    short_kernel_name,
-)
-from gpuprobe.report._columns import NumpyColumns, PythonColumns, Windows, merge_intervals, overlap_length, quantile
+from gpuprobe._kernel_names import CATEGORIES, CONCAT_OPS, WOULD_SYNC_OPS, short_kernel_name
+from gpuprobe.report._columns import merge_intervals, quantile
+from gpuprobe.report._context import Columns, StepSpan
 from gpuprobe.report._scan import GpuOpKind, TraceScan
-from gpuprobe.report.schema import FlopsCategory, FlopsRow, FlopsSection, IdleRow, IdleSection
 
 __all__ = [
     "StepSpan",
@@ -45,8 +40,6 @@ __all__ = [
     "SOFTMAX_OPS",
     "BMM_OPS",
 ]
-
-Columns = PythonColumns | NumpyColumns
 
 #: CPU operators of fused attention.
 FUSED_ATTENTION_OPS = frozenset(
@@ -78,20 +71,6 @@ def is_concat_kernel(name: str) -> bool:
         (True, False)
     """
     return bool(_CONCAT_KERNEL.search(short_kernel_name(name).lower()))
-
-
-class StepSpan:
-    """A step: its CPU range (thread, start, end) and the windows of its GPU operations."""
-
-    __slots__ = ("index", "phase", "thread", "start", "end", "op_windows")
-
-    def __init__(self, *, index: int, phase: str, thread: int, start: int, end: int, op_windows: Windows) -> None:
-        self.index = index
-        self.phase = phase
-        self.thread = thread
-        self.start = start
-        self.end = end
-        self.op_windows = op_windows
 
 
 #: Where a launch or sync sits when its innermost range is a gpuprobe step itself: between the
@@ -291,8 +270,6 @@ class Evidence:
         self.would_sync = SyncEvidence()
         self.gpu_sync_records = 0
         self.gpu_sync_ns = 0
-        self.idle: IdleSection | None = None
-        self.flops: FlopsSection | None = None
         self.concat: ConcatEvidence | None = None
         self.graph_launches = 0
         self.graph_launches_per_step: list[int] = []
@@ -370,66 +347,6 @@ def _step_of(steps: list[StepSpan], starts: list[int], thread: int, at: int, ste
 
 def _length(pairs: Iterable[tuple[int, int]]) -> int:
     return sum(b - a for a, b in pairs)
-
-
-def idle_row(
-    index: int,
-    window: tuple[int, int],
-    ops: list[tuple[int, int, int]],
-    syncs: list[tuple[int, int]],
-) -> IdleRow:
-    """Split a window of GPU time into busy and three kinds of idle.
-
-    Args:
-        index: The step index (-1 for the whole trace).
-        window: ``(start, end)``.
-        ops: ``(start, end, launch_end)`` of the GPU operations, any order.
-        syncs: ``(start, end)`` of the host's sync calls.
-
-    Idle time is split, in this order of precedence: while the host is in a sync call (``sync``);
-    while the next GPU operation has not been launched yet, the host still working towards it
-    (``launch``); the rest (launched, not yet started: launch latency, waits on other streams).
-
-    Example:
-        >>> r = idle_row(0, (0, 100), [(10, 30, 5), (60, 80, 50)], [(85, 95)])
-        >>> (r.busy_ns, r.idle_launch_ns, r.idle_sync_ns, r.idle_other_ns)
-        (40, 35, 10, 15)
-    """
-    w0, w1 = window
-    # one pass over the operations by start: busy time, the gaps, and for each gap the launch of
-    # the operation that ends it (the window holds every operation, so nothing needs clipping)
-    gaps: list[tuple[int, int]] = []
-    launch_part: list[tuple[int, int]] = []
-    busy = 0
-    cover = w0
-    for start, end, launch_end in sorted(ops):
-        if start > cover:
-            gaps.append((cover, start))
-            if launch_end > cover:
-                launch_part.append((cover, min(start, launch_end)))
-            busy += end - start
-            cover = end
-        elif end > cover:
-            busy += end - cover
-            cover = end
-    if w1 > cover:  # after the last operation: nothing more launched in this step
-        gaps.append((cover, w1))
-        launch_part.append((cover, w1))
-    sync_cut = merge_intervals([(max(s, w0), min(e, w1)) for s, e in syncs if min(e, w1) > max(s, w0)])
-    if sync_cut:
-        sync_idle = overlap_length(gaps, sync_cut)
-        launch_idle = _length(launch_part) - overlap_length(launch_part, sync_cut)
-    else:
-        sync_idle, launch_idle = 0, _length(launch_part)
-    idle = _length(gaps)
-    return IdleRow(
-        index=index,
-        window_ns=w1 - w0,
-        busy_ns=busy,
-        idle_launch_ns=launch_idle,
-        idle_sync_ns=sync_idle,
-        idle_other_ns=idle - launch_idle - sync_idle,
-    )
 
 
 def gather(
@@ -572,14 +489,8 @@ def gather(
         ev.softmax_kernels = counts[cat_of["softmax"]]
         ev.softmax_kernel_ns = totals[cat_of["softmax"]]
 
-    # ---- idle breakdown and concatenation per step
-    sync_by_thread: dict[int, list[tuple[int, int]]] = {}
-    for t, s, d in zip(syncs.thread_id, syncs.start, syncs.dur):
-        sync_by_thread.setdefault(t, []).append((s, s + d))
-    if gpu_known:
-        ev.idle = _idle(cols, steps, sync_by_thread, step_threads)
+    # ---- concatenation per step
     ev.concat = _concat(scan, cols, steps, gpu_names, cpu_names, gpu_known, places, graph_corrs)
-    ev.flops = _flops(scan, cols, cpu_names, gpu_known)
     return ev
 
 
@@ -707,48 +618,6 @@ def _label(range_id: int | None, display: list[str]) -> str:
     return display[range_id] if range_id is not None else "(no range)"
 
 
-def _idle(
-    cols: Columns, steps: list[StepSpan], sync_by_thread: dict[int, list[tuple[int, int]]], step_threads: set[int]
-) -> IdleSection:
-    rows: list[IdleRow] = []
-    sync_index: dict[int, tuple[list[int], list[int]]] = {}
-    for t, pairs in sync_by_thread.items():
-        pairs.sort()
-        sync_index[t] = ([a for a, _ in pairs], [b for _, b in pairs])
-    if steps:
-        for st in steps:
-            ops = cols.window_ops(st.op_windows)
-            triples = list(zip(ops.start, ops.end, ops.launch_end))
-            w0 = min(st.start, min(ops.start, default=st.start))
-            w1 = max(st.end, max(ops.end, default=st.end))
-            syncs: list[tuple[int, int]] = []
-            for t, (starts, ends) in sync_index.items():
-                if t == st.thread or t not in step_threads:
-                    # a thread's calls do not overlap: sorted by start, their ends are sorted too
-                    lo = bisect.bisect_right(ends, w0)
-                    hi = bisect.bisect_left(starts, w1)
-                    syncs.extend(zip(starts[lo:hi], ends[lo:hi]))
-            rows.append(idle_row(st.index, (w0, w1), triples, syncs))
-        scope = "steps"
-    else:
-        wins = [cols.ops_by_launch.bounds(t) for t in cols.ops_by_launch.threads()]
-        ops = cols.window_ops(wins)
-        if ops.start:
-            w = (min(ops.start), max(ops.end))
-            syncs = [p for pairs in sync_by_thread.values() for p in pairs]
-            rows.append(idle_row(-1, w, list(zip(ops.start, ops.end, ops.launch_end)), syncs))
-        scope = "trace"
-    return IdleSection(
-        scope=scope,
-        window_ns=sum(r.window_ns for r in rows),
-        busy_ns=sum(r.busy_ns for r in rows),
-        idle_launch_ns=sum(r.idle_launch_ns for r in rows),
-        idle_sync_ns=sum(r.idle_sync_ns for r in rows),
-        idle_other_ns=sum(r.idle_other_ns for r in rows),
-        rows=rows,
-    )
-
-
 def _concat(
     scan: TraceScan,
     cols: Columns,
@@ -841,37 +710,6 @@ def _concat(
     if not all_sized:
         out.elements = []
     return out
-
-
-def _flops(scan: TraceScan, cols: Columns, cpu_names: list[str], gpu_known: bool) -> FlopsSection | None:
-    cpu = scan.cpu_op_rows
-    if not cpu.flops:
-        return None
-    by_op = cols.flops_by_operator(cpu, gpu_known)  # name id -> (count, flops, time ns)
-    rows: list[FlopsRow] = []
-    by_cat: dict[str, list[int]] = {}
-    for nid, (count, flops, ns) in by_op.items():
-        name = cpu_names[nid]
-        category = categorize_cpu_op(name)
-        rows.append(
-            FlopsRow(
-                operator=name,
-                category=category,
-                count=count,
-                flops=flops,
-                time_ns=ns,
-                flops_per_s=flops * 1e9 / ns if ns else None,
-            )
-        )
-        acc2 = by_cat.setdefault(category, [0, 0])
-        acc2[0] += flops
-        acc2[1] += ns
-    rows.sort(key=lambda r: (-r.flops, r.operator))
-    cats = [
-        FlopsCategory(category=c, flops=f, time_ns=t, flops_per_s=f * 1e9 / t if t else None)
-        for c, (f, t) in sorted(by_cat.items(), key=lambda item: (-item[1][0], item[0]))
-    ]
-    return FlopsSection(clock="gpu" if gpu_known else "cpu", total_flops=sum(r.flops for r in rows), categories=cats, rows=rows)
 
 
 def median(values: Sequence[int]) -> float | None:

@@ -5,14 +5,18 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from gpuprobe.errors import ConfigError
 from gpuprobe.report._analysis import analyze
 from gpuprobe.report._columns import spread_of
+from gpuprobe.report._context import DiffRow, diff_row, known_sum, spread_width
 from gpuprobe.report._findings import order, parse_thresholds
+from gpuprobe.report._tables import Column, Table, Unit
 from gpuprobe.report.schema import Finding, Report
+from gpuprobe.report.sections import BY_NAME, REGISTRY
+from gpuprobe.report.sections.findings import findings_table
 
 __all__ = ["DiffRow", "DiffReport", "VerdictRow", "diff", "NORMALIZE", "VERDICTS"]
 
@@ -22,27 +26,6 @@ NORMALIZE: tuple[str, ...] = ("step", "token", "none")
 VERDICTS: tuple[str, ...] = ("better", "worse", "mixed", "unchanged", "unknown")
 _DIFF_SECTIONS = ("findings", "categories", "families", "ranges", "memory", "steps", "cpu_ops", "launches", "idle")
 _ALL = 1_000_000  # rows kept per section while comparing; the diff itself shows ``top``
-
-
-@dataclasses.dataclass
-class DiffRow:
-    """One compared value.
-
-    ``a`` and ``b`` are normalised (per step, per token, or totals); ``delta = b - a`` and
-    ``ratio = b / a``. ``*_median`` and ``*_spread`` (p90 - p10) are across steps, where the
-    section has per-step values.
-    """
-
-    key: str
-    metric: str
-    a: float | None
-    b: float | None
-    delta: float | None
-    ratio: float | None
-    a_median: float | None = None
-    a_spread: float | None = None
-    b_median: float | None = None
-    b_spread: float | None = None
 
 
 @dataclasses.dataclass
@@ -84,17 +67,36 @@ class DiffReport:
         out.update(body)
         return out
 
+    def tables(self, markdown: bool = False) -> list[Table]:
+        """The verdict, the findings, what was compared, the overview and each compared section."""
+        unit_word = {"step": "per step", "token": "per token", "none": "in all"}[self.normalize]
+        count = self.normalize if self.normalize != "none" else "trace"
+        tables = [Table("verdict", f"Verdict: {self.verdict}", _VERDICT_COLUMNS, self.verdict_rows)]
+        tables += [findings_table(self.findings, markdown)] if self.findings is not None else []
+        lines = [f"warning: {w}" for w in self.warnings] + [
+            f"A: {self.a_path} ({self.a_units:g} {count}s)",
+            f"B: {self.b_path} ({self.b_units:g} {count}s)",
+            f"values are {unit_word}; delta = B - A; ratio = B / A; median and p10-p90 are across steps",
+        ]
+        tables.append(Table("summary", "Diff", [], [], lines))
+        compared = [f.name for f in dataclasses.fields(self) if f.name in BY_NAME and BY_NAME[f.name].diff]
+        for name, title in [("overview", "Overview")] + [(name, BY_NAME[name].diff_title) for name in compared]:
+            tables.append(Table(name, title, _DIFF_COLUMNS, getattr(self, name)))
+        return tables
 
-def _row(key: str, metric: str, a: float | None, b: float | None, ua: float, ub: float, **extra: Any) -> DiffRow:
-    na = a / ua if a is not None else None
-    nb = b / ub if b is not None else None
-    delta = nb - na if na is not None and nb is not None else None
-    ratio = nb / na if na and nb is not None else None
-    return DiffRow(key=key, metric=metric, a=na, b=nb, delta=delta, ratio=ratio, **extra)
 
-
-def _spread(p10: int | None, p90: int | None) -> float | None:
-    return float(p90 - p10) if p10 is not None and p90 is not None else None
+_BY = Unit.BY_METRIC
+#: The verdict first: per-step medians of A and B, their spreads, and the judgement of each.
+_VERDICT_COLUMNS = [
+    Column("figure", "figure", Unit.NAME), Column("metric", "metric"), Column("A median", "a", _BY),
+    Column("B median", "b", _BY), Column("A p10-p90", "a_spread", _BY), Column("B p10-p90", "b_spread", _BY),
+    Column("change", "change", Unit.SHARE), Column("judgement", "judgement"),
+]
+_DIFF_COLUMNS = [
+    Column("name", "key", Unit.NAME), Column("metric", "metric"), Column("A", "a", _BY), Column("B", "b", _BY),
+    Column("delta", "delta", _BY), Column("ratio", "ratio", Unit.RATIO), Column("A median", "a_median", _BY),
+    Column("A p10-p90", "a_spread", _BY), Column("B median", "b_median", _BY), Column("B p10-p90", "b_spread", _BY),
+]
 
 
 def _by_delta(rows: list[DiffRow], top: int) -> list[DiffRow]:
@@ -198,10 +200,9 @@ def diff(
     warnings = [f"A: {w}" for w in ra.summary.warnings] + [f"B: {w}" for w in rb.summary.warnings]
     ua = _units(ra, normalize, tokens_a, "A", warnings)
     ub = _units(rb, normalize, tokens_b, "B", warnings)
-    categories = _categories(ra, rb, ua, ub)
-    families = _families(ra, rb, ua, ub)
+    compared = {s.name: s.diff(getattr(ra, s.name), getattr(rb, s.name), ua, ub) for s in REGISTRY if s.diff}
+    categories, families, ranges = compared["categories"], compared["families"], compared["ranges"]
     overview = _overview(ra, rb, ua, ub)
-    ranges = _ranges(ra, rb, ua, ub)
     kinds = {r.family: r.category for rep in (ra, rb) for r in (rep.families.rows if rep.families else [])}
     overall, verdict_rows = _verdict(ra, rb, limits)
     # totals in a trace without steps: a warning says so
@@ -217,14 +218,11 @@ def diff(
         b_units=ub,
         warnings=warnings,
         overview=overview,
-        categories=categories,
-        families=_by_delta(families, top),
-        ranges=_by_delta(ranges, top),
-        memory=_memory(ra, rb, ua, ub),
-        cpu_ops=_by_delta(_cpu_ops(ra, rb, ua, ub), top),
         findings=[_verdict_finding(overall, verdict_rows, limits)] + order(findings),
         verdict=overall,
         verdict_rows=verdict_rows,
+        # the largest changes first, where the section says so: after the findings read them all
+        **{name: _by_delta(rows, top) if BY_NAME[name].diff_cut else rows for name, rows in compared.items()},
     )
 
 
@@ -498,13 +496,13 @@ def _overview(ra: Report, rb: Report, ua: float, ub: float) -> list[DiffRow]:
         ("launch API time", "ns", sa.launch_api_ns, sb.launch_api_ns),
     ):
         if key == "steps":
-            rows.append(_row(key, metric, va, vb, 1.0, 1.0))
+            rows.append(diff_row(key, metric, va, vb, 1.0, 1.0))
         else:
-            rows.append(_row(key, metric, va, vb, ua, ub))
+            rows.append(diff_row(key, metric, va, vb, ua, ub))
     pa, pb = ra.steps, rb.steps
     if pa is not None and pb is not None and (pa.rows or pb.rows):
         rows.append(
-            _row(
+            diff_row(
                 "CPU time in steps",
                 "ns",
                 sum(r.cpu_ns for r in pa.rows),
@@ -512,121 +510,26 @@ def _overview(ra: Report, rb: Report, ua: float, ub: float) -> list[DiffRow]:
                 ua,
                 ub,
                 a_median=pa.cpu_median_ns,
-                a_spread=_spread(pa.cpu_p10_ns, pa.cpu_p90_ns),
+                a_spread=spread_width(pa.cpu_p10_ns, pa.cpu_p90_ns),
                 b_median=pb.cpu_median_ns,
-                b_spread=_spread(pb.cpu_p10_ns, pb.cpu_p90_ns),
+                b_spread=spread_width(pb.cpu_p10_ns, pb.cpu_p90_ns),
             )
         )
         if sa.gpu_busy_ns is not None or sb.gpu_busy_ns is not None:
             rows.append(
-                _row(
+                diff_row(
                     "GPU busy in steps",
                     "ns",
-                    _sum_or_none(r.gpu_busy_ns for r in pa.rows),
-                    _sum_or_none(r.gpu_busy_ns for r in pb.rows),
+                    known_sum(r.gpu_busy_ns for r in pa.rows),
+                    known_sum(r.gpu_busy_ns for r in pb.rows),
                     ua,
                     ub,
                     a_median=pa.gpu_busy_median_ns,
-                    a_spread=_spread(pa.gpu_busy_p10_ns, pa.gpu_busy_p90_ns),
+                    a_spread=spread_width(pa.gpu_busy_p10_ns, pa.gpu_busy_p90_ns),
                     b_median=pb.gpu_busy_median_ns,
-                    b_spread=_spread(pb.gpu_busy_p10_ns, pb.gpu_busy_p90_ns),
+                    b_spread=spread_width(pb.gpu_busy_p10_ns, pb.gpu_busy_p90_ns),
                 )
             )
     if ra.launches is not None and rb.launches is not None:
-        rows.append(_row("sync time", "ns", ra.launches.sync_ns, rb.launches.sync_ns, ua, ub))
+        rows.append(diff_row("sync time", "ns", ra.launches.sync_ns, rb.launches.sync_ns, ua, ub))
     return rows
-
-
-def _sum_or_none(values: Iterable[int | None]) -> int | None:
-    known = [v for v in values if v is not None]
-    return sum(known) if known else None
-
-
-def _categories(ra: Report, rb: Report, ua: float, ub: float) -> list[DiffRow]:
-    ca = {r.category: r for r in (ra.categories.rows if ra.categories else [])}
-    cb = {r.category: r for r in (rb.categories.rows if rb.categories else [])}
-    rows = []
-    for cat in sorted(set(ca) | set(cb), key=lambda c: -max(_total(ca.get(c)), _total(cb.get(c)))):
-        x, y = ca.get(cat), cb.get(cat)
-        rows.append(
-            _row(
-                cat,
-                "ns",
-                _total(x),
-                _total(y),
-                ua,
-                ub,
-                a_median=_med(x),
-                a_spread=_spr(x),
-                b_median=_med(y),
-                b_spread=_spr(y),
-            )
-        )
-    return rows
-
-
-def _total(stat: Any) -> int:
-    return stat.total_ns if stat is not None else 0
-
-
-def _med(stat: Any) -> float | None:
-    return float(stat.step_median_ns) if stat is not None and stat.step_median_ns is not None else None
-
-
-def _spr(stat: Any) -> float | None:
-    return _spread(stat.step_p10_ns, stat.step_p90_ns) if stat is not None else None
-
-
-def _families(ra: Report, rb: Report, ua: float, ub: float) -> list[DiffRow]:
-    fa = {r.family: r for r in (ra.families.rows if ra.families else [])}
-    fb = {r.family: r for r in (rb.families.rows if rb.families else [])}
-    return [
-        _row(
-            fam,
-            "ns",
-            _total(fa.get(fam)),
-            _total(fb.get(fam)),
-            ua,
-            ub,
-            a_median=_med(fa.get(fam)),
-            a_spread=_spr(fa.get(fam)),
-            b_median=_med(fb.get(fam)),
-            b_spread=_spr(fb.get(fam)),
-        )
-        for fam in set(fa) | set(fb)
-    ]
-
-
-def _ranges(ra: Report, rb: Report, ua: float, ub: float) -> list[DiffRow]:
-    pa = {r.path: r for r in (ra.ranges.rows if ra.ranges else [])}
-    pb = {r.path: r for r in (rb.ranges.rows if rb.ranges else [])}
-    rows = []
-    for path in set(pa) | set(pb):
-        x, y = pa.get(path), pb.get(path)
-        rows.append(_row(path, "cpu_ns", x.cpu_ns if x else 0, y.cpu_ns if y else 0, ua, ub))
-        gx = x.gpu_busy_ns if x else 0
-        gy = y.gpu_busy_ns if y else 0
-        if gx is not None or gy is not None:
-            rows.append(_row(path, "gpu_busy_ns", gx, gy, ua, ub))
-    return rows
-
-
-def _memory(ra: Report, rb: Report, ua: float, ub: float) -> list[DiffRow]:
-    ma = {(r.kind, r.direction): r for r in (ra.memory.rows if ra.memory else [])}
-    mb = {(r.kind, r.direction): r for r in (rb.memory.rows if rb.memory else [])}
-    rows = []
-    for key in sorted(set(ma) | set(mb)):
-        x, y = ma.get(key), mb.get(key)
-        label = f"{key[0]} {key[1]}"
-        rows.append(_row(label, "bytes", x.bytes if x else 0, y.bytes if y else 0, ua, ub))
-        rows.append(_row(label, "ns", x.total_ns if x else 0, y.total_ns if y else 0, ua, ub))
-    return rows
-
-
-def _cpu_ops(ra: Report, rb: Report, ua: float, ub: float) -> list[DiffRow]:
-    oa = {r.name: r for r in (ra.cpu_ops.rows if ra.cpu_ops else [])}
-    ob = {r.name: r for r in (rb.cpu_ops.rows if rb.cpu_ops else [])}
-    return [
-        _row(name, "ns", oa[name].total_ns if name in oa else 0, ob[name].total_ns if name in ob else 0, ua, ub)
-        for name in set(oa) | set(ob)
-    ]

@@ -436,7 +436,7 @@ def _profiler_note(cpu_ops: float | None) -> str:
 
 
 def launch_bound(c: _Context) -> Finding | None:
-    idle = c.ev.idle
+    idle = c.report.idle
     if idle is None or not idle.rows:
         return None
     shares = [r.busy_ns / r.window_ns for r in idle.rows if r.window_ns]

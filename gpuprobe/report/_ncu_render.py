@@ -12,8 +12,9 @@ from typing import Any
 
 from gpuprobe.errors import ConfigError
 from gpuprobe.report._ncu_analysis import NcuDiff, NcuReport, NcuRow
-from gpuprobe.report._render import FORMATS, findings_table
+from gpuprobe.report._render import FORMATS
 from gpuprobe.report._tables import Column, Table, Unit, format_ns, write
+from gpuprobe.report.sections.findings import findings_table
 
 __all__ = ["render_ncu"]
 
@@ -24,20 +25,13 @@ def _classes(classes: list[str]) -> str:
 
 def _efficiency_columns() -> list[Column]:
     return [
-        Column(header="SM %", key="sm_sol_pct", unit=Unit.FLOAT),
-        Column(header="mem %", key="memory_sol_pct", unit=Unit.FLOAT),
-        Column(header="DRAM %", key="dram_pct", unit=Unit.FLOAT),
-        Column(header="occ %", key="achieved_occupancy_pct", unit=Unit.FLOAT),
-        Column(header="occ theo %", key="theoretical_occupancy_pct", unit=Unit.FLOAT),
-        Column(header="limiter", key="limiter"),
-        Column(header="regs", key="registers_per_thread", unit=Unit.INT),
-        Column(header="block", key="block_size", unit=Unit.INT),
-        Column(header="grid", key="grid_size", unit=Unit.INT),
-        Column(header="waves", key="waves_text"),
-        Column(header="waves", key="waves_per_sm", csv_only=True),
-        Column(header="tensor %", key="tensor_pct", unit=Unit.FLOAT),
-        Column(header="class", key="classes_text"),
-        Column(header="evidence", key="evidence_text", csv_only=True, csv_header="evidence"),
+        Column("SM %", "sm_sol_pct", Unit.FLOAT), Column("mem %", "memory_sol_pct", Unit.FLOAT),
+        Column("DRAM %", "dram_pct", Unit.FLOAT), Column("occ %", "achieved_occupancy_pct", Unit.FLOAT),
+        Column("occ theo %", "theoretical_occupancy_pct", Unit.FLOAT), Column("limiter", "limiter"),
+        Column("regs", "registers_per_thread", Unit.INT), Column("block", "block_size", Unit.INT),
+        Column("grid", "grid_size", Unit.INT), Column("waves", "waves_text"),
+        Column("waves", "waves_per_sm", csv_only=True), Column("tensor %", "tensor_pct", Unit.FLOAT),
+        Column("class", "classes_text"), Column("evidence", "evidence_text", csv_only=True, csv_header="evidence"),
     ]
 
 
@@ -54,10 +48,8 @@ def _row_dict(row: NcuRow) -> dict[str, Any]:
 
 def _rows_table(section: str, title: str, first: list[Column], rows: list[NcuRow], lines: list[str]) -> Table:
     columns = first + [
-        Column(header="category", key="category"),
-        Column(header="launches", key="launches", unit=Unit.INT),
-        Column(header="time", key="duration_ns", unit=Unit.NS),
-        Column(header="share", key="share", unit=Unit.SHARE),
+        Column("category", "category"), Column("launches", "launches", Unit.INT),
+        Column("time", "duration_ns", Unit.NS), Column("share", "share", Unit.SHARE),
     ] + _efficiency_columns()
     return Table(section=section, title=title, columns=columns, rows=[_row_dict(r) for r in rows], lines=lines)
 
@@ -82,16 +74,11 @@ def _report_tables(report: NcuReport, markdown: bool, top: int) -> list[Table]:
             section="ncu_timeline",
             title="Kernel families: share of GPU time (timeline) and efficiency (ncu)",
             columns=[
-                Column(header="family", key="family", unit=Unit.NAME),
-                Column(header="category", key="category"),
-                Column(header="time", key="timeline_ns", unit=Unit.NS),
-                Column(header="share", key="timeline_share", unit=Unit.SHARE),
-                Column(header="kernels", key="timeline_count", unit=Unit.INT),
-                Column(header="ncu launches", key="ncu_launches", unit=Unit.INT),
-                Column(header="SM %", key="sm_sol_pct", unit=Unit.FLOAT),
-                Column(header="mem %", key="memory_sol_pct", unit=Unit.FLOAT),
-                Column(header="occ %", key="achieved_occupancy_pct", unit=Unit.FLOAT),
-                Column(header="class", key="classes_text"),
+                Column("family", "family", Unit.NAME), Column("category", "category"),
+                Column("time", "timeline_ns", Unit.NS), Column("share", "timeline_share", Unit.SHARE),
+                Column("kernels", "timeline_count", Unit.INT), Column("ncu launches", "ncu_launches", Unit.INT),
+                Column("SM %", "sm_sol_pct", Unit.FLOAT), Column("mem %", "memory_sol_pct", Unit.FLOAT),
+                Column("occ %", "achieved_occupancy_pct", Unit.FLOAT), Column("class", "classes_text"),
             ],
             rows=rows[:top],
             lines=[
@@ -99,11 +86,11 @@ def _report_tables(report: NcuReport, markdown: bool, top: int) -> list[Table]:
                 "a family without timeline figures is not in the timeline; one with 0 ncu launches was not profiled",
             ],
         ))
-    name = Column(header="name", key="name", unit=Unit.NAME)
+    name = Column("name", "name", Unit.NAME)
     tables.append(_rows_table(
         "ncu_kernels", "Kernels (ncu)",
-        [Column(header="kernel", key="short_name", unit=Unit.NAME),
-         Column(header="name", key="name", csv_only=True), Column(header="family", key="family", csv_only=True)],
+        [Column("kernel", "short_name", Unit.NAME),
+         Column("name", "name", csv_only=True), Column("family", "family", csv_only=True)],
         report.kernels[:top], [],
     ))
     tables.append(_rows_table("ncu_families", "Kernel families (ncu)", [name], report.families[:top], []))
@@ -135,22 +122,15 @@ def _diff_tables(d: NcuDiff, top: int) -> list[Table]:
             section="ncu_families",
             title="Kernel families",
             columns=[
-                Column(header="family", key="family", unit=Unit.NAME),
-                Column(header="category", key="category"),
-                Column(header="A launches", key="a_launches", unit=Unit.INT),
-                Column(header="B launches", key="b_launches", unit=Unit.INT),
-                Column(header="A time", key="a_duration_ns", unit=Unit.NS),
-                Column(header="B time", key="b_duration_ns", unit=Unit.NS),
-                Column(header="delta", key="delta_ns", unit=Unit.NS),
-                Column(header="ratio", key="ratio", unit=Unit.RATIO),
-                Column(header="A SM %", key="a_sm_sol_pct", unit=Unit.FLOAT),
-                Column(header="B SM %", key="b_sm_sol_pct", unit=Unit.FLOAT),
-                Column(header="A mem %", key="a_memory_sol_pct", unit=Unit.FLOAT),
-                Column(header="B mem %", key="b_memory_sol_pct", unit=Unit.FLOAT),
-                Column(header="A occ %", key="a_achieved_occupancy_pct", unit=Unit.FLOAT),
-                Column(header="B occ %", key="b_achieved_occupancy_pct", unit=Unit.FLOAT),
-                Column(header="A class", key="a_class"),
-                Column(header="B class", key="b_class"),
+                Column("family", "family", Unit.NAME), Column("category", "category"),
+                Column("A launches", "a_launches", Unit.INT), Column("B launches", "b_launches", Unit.INT),
+                Column("A time", "a_duration_ns", Unit.NS), Column("B time", "b_duration_ns", Unit.NS),
+                Column("delta", "delta_ns", Unit.NS), Column("ratio", "ratio", Unit.RATIO),
+                Column("A SM %", "a_sm_sol_pct", Unit.FLOAT), Column("B SM %", "b_sm_sol_pct", Unit.FLOAT),
+                Column("A mem %", "a_memory_sol_pct", Unit.FLOAT), Column("B mem %", "b_memory_sol_pct", Unit.FLOAT),
+                Column("A occ %", "a_achieved_occupancy_pct", Unit.FLOAT),
+                Column("B occ %", "b_achieved_occupancy_pct", Unit.FLOAT), Column("A class", "a_class"),
+                Column("B class", "b_class"),
             ],
             rows=rows,
         ),

@@ -19,48 +19,20 @@ import statistics
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from gpuprobe.errors import ConfigError
-from gpuprobe.report._analysis import Options, build_report, small_ns_of
-from gpuprobe.report._comm import collective_starts
+from gpuprobe.report._analysis import build_report, small_ns_of
+from gpuprobe.report._context import MergeContext, Options
 from gpuprobe.report._errors import ReportInputError
 from gpuprobe.report._findings import order, parse_thresholds
 from gpuprobe.report._scan import TraceScan
 from gpuprobe.report.loaders import gpu_processes, load
-from gpuprobe.report.schema import (
-    SECTIONS,
-    SEVERITIES,
-    ApiStat,
-    CategoriesSection,
-    CategoryStat,
-    CpuOpsSection,
-    CpuOpStat,
-    FamiliesSection,
-    FamilyStat,
-    Finding,
-    IdleRow,
-    IdleSection,
-    KernelsSection,
-    KernelStat,
-    LaunchesSection,
-    MemOpStat,
-    MemorySection,
-    RangesSection,
-    RangeStat,
-    RankRow,
-    RanksSection,
-    RankStepRow,
-    Report,
-    SkewRow,
-    SmallOpsSection,
-    StepRow,
-    StepsSection,
-    StragglerRow,
-    Summary,
-)
+from gpuprobe.report.schema import Finding, RanksSection, Report
+from gpuprobe.report.sections import REGISTRY
+from gpuprobe.report.sections.communication import collective_starts
 
 __all__ = ["RankResult", "analyze_ranks", "rank_files", "rank_units", "several_ranks", "rank_task", "worker_main",
            "TRACE_SUFFIXES"]
@@ -68,7 +40,6 @@ __all__ = ["RankResult", "analyze_ranks", "rank_files", "rank_units", "several_r
 #: File names a directory of traces is read for.
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite")
 _ALL = 1_000_000  # rows kept per section in each rank's report: the merge needs them all
-T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -368,333 +339,14 @@ def worker_main(argv: list[str]) -> int:
 # ------------------------------------------------------------------------------------- merging
 
 
-def _merge_by(rows: Iterable[Any], key: Callable[[Any], Any]) -> dict[Any, list[Any]]:
-    out: dict[Any, list[Any]] = {}
-    for r in rows:
-        out.setdefault(key(r), []).append(r)
-    return out
-
-
-def _median_int(values: list[int]) -> int:
-    return int(round(statistics.median(values)))
-
-
-def _kernel_stats(reports: list[Report], pick: Callable[[Report], KernelsSection | SmallOpsSection | None], top: int,
-                  whole: int) -> tuple[list[KernelStat], int, int, int]:
-    rows = [r for rep in reports for r in (pick(rep).rows if pick(rep) is not None else [])]  # type: ignore[union-attr]
-    merged = []
-    for name, group in _merge_by(rows, lambda r: r.name).items():
-        count = sum(g.count for g in group)
-        total = sum(g.total_ns for g in group)
-        merged.append(
-            KernelStat(
-                name=name,
-                short_name=group[0].short_name,
-                category=group[0].category,
-                count=count,
-                total_ns=total,
-                mean_ns=total // count if count else 0,
-                median_ns=_median_int([g.median_ns for g in group]),  # the median of the ranks' medians
-                min_ns=min(g.min_ns for g in group),
-                max_ns=max(g.max_ns for g in group),
-                share=total / whole if whole else 0.0,
-            )
-        )
-    merged.sort(key=lambda r: (-r.total_ns, r.name))
-    return merged[:top], sum(r.count for r in merged), sum(r.total_ns for r in merged), len(merged)
-
-
 def merge(results: list[RankResult], source: str, top: int, limits: dict[str, float]) -> Report:
-    """The merged report of several ranks: sums over ranks, a ``ranks`` section, and findings."""
-    reports = [r.report for r in results]
-    summary = _summary(results, source)
-    report = Report(summary=summary)
-    cats = [c for rep in reports if rep.categories is not None for c in rep.categories.rows]
-    cat_total = sum(c.total_ns for c in cats)
-    if any(rep.categories is not None for rep in reports):
-        rows = []
-        for name, group in _merge_by(cats, lambda c: c.category).items():
-            total = sum(g.total_ns for g in group)
-            rows.append(CategoryStat(category=name, count=sum(g.count for g in group), total_ns=total,
-                                     share=total / cat_total if cat_total else 0.0, step_median_ns=None,
-                                     step_p10_ns=None, step_p90_ns=None))
-        rows.sort(key=lambda r: (-r.total_ns, r.category))
-        other = next((r.total_ns for r in rows if r.category == "other"), 0)
-        report.categories = CategoriesSection(total_ns=cat_total, other_share=other / cat_total if cat_total else 0.0, rows=rows)
-    for section in ("kernels", "non_gemm", "attention"):
-        if any(getattr(rep, section) is not None for rep in reports):
-            krows, count, total, distinct = _kernel_stats(reports, lambda rep: getattr(rep, section), top, cat_total)
-            setattr(report, section, KernelsSection(total_ns=total, count=count, distinct=distinct, rows=krows))
-    if any(rep.small_ops is not None for rep in reports):
-        smalls = [rep.small_ops for rep in reports if rep.small_ops is not None]
-        krows, count, total, _ = _kernel_stats(reports, lambda rep: rep.small_ops, top, cat_total)
-        all_kernels = sum(rep.summary.kernel_count for rep in reports)
-        report.small_ops = SmallOpsSection(threshold_ns=smalls[0].threshold_ns, count=count,
-                                           count_share=count / all_kernels if all_kernels else 0.0, total_ns=total,
-                                           time_share=total / cat_total if cat_total else 0.0, rows=krows)
-    fams = [f for rep in reports if rep.families is not None for f in rep.families.rows]
-    if fams:
-        frows = []
-        for name, group in _merge_by(fams, lambda f: f.family).items():
-            total = sum(g.total_ns for g in group)
-            frows.append(FamilyStat(family=name, category=group[0].category, variants=max(g.variants for g in group),
-                                    count=sum(g.count for g in group), total_ns=total,
-                                    share=total / cat_total if cat_total else 0.0, step_median_ns=None,
-                                    step_p10_ns=None, step_p90_ns=None))
-        frows.sort(key=lambda r: (-r.total_ns, r.family))
-        report.families = FamiliesSection(total_ns=cat_total, rows=frows[:top])
-    report.launches = _launches(reports, top)
-    mem = [m for rep in reports if rep.memory is not None for m in rep.memory.rows]
-    if any(rep.memory is not None for rep in reports):
-        mrows = []
-        for (kind, direction), group in _merge_by(mem, lambda m: (m.kind, m.direction)).items():
-            nbytes, ns = sum(g.bytes for g in group), sum(g.total_ns for g in group)
-            mrows.append(MemOpStat(kind=kind, direction=direction, count=sum(g.count for g in group), bytes=nbytes,
-                                   total_ns=ns, bandwidth_gbps=nbytes / ns if ns else None))
-        mrows.sort(key=lambda r: (-r.total_ns, r.kind, r.direction))
-        report.memory = MemorySection(total_bytes=sum(r.bytes for r in mrows), total_ns=sum(r.total_ns for r in mrows),
-                                      rows=mrows)
-    rngs = [r for rep in reports if rep.ranges is not None for r in rep.ranges.rows]
-    if any(rep.ranges is not None for rep in reports):
-        rrows = []
-        for path, group in _merge_by(rngs, lambda r: r.path).items():
-            def total(field: str) -> int | None:
-                vals = [getattr(g, field) for g in group if getattr(g, field) is not None]
-                return sum(vals) if vals else None
-            rrows.append(RangeStat(path=path, name=group[0].name, depth=group[0].depth,
-                                   count=sum(g.count for g in group), cpu_ns=sum(g.cpu_ns for g in group),
-                                   gpu_busy_ns=total("gpu_busy_ns"), kernel_ns=total("kernel_ns"),
-                                   gpu_span_ns=total("gpu_span_ns"), launches=sum(g.launches for g in group),
-                                   gpu_ops=sum(g.gpu_ops for g in group)))
-        report.ranges = RangesSection(distinct=len(rrows), rows=rrows)
-    report.steps = _steps(reports)
-    ops = [o for rep in reports if rep.cpu_ops is not None for o in rep.cpu_ops.rows]
-    if any(rep.cpu_ops is not None for rep in reports):
-        orows = []
-        for name, group in _merge_by(ops, lambda o: o.name).items():
-            count, total_ns = sum(g.count for g in group), sum(g.total_ns for g in group)
-            orows.append(CpuOpStat(name=name, count=count, total_ns=total_ns, mean_ns=total_ns // count if count else 0,
-                                   max_ns=max(g.max_ns for g in group)))
-        orows.sort(key=lambda r: (-r.total_ns, r.name))
-        report.cpu_ops = CpuOpsSection(count=sum(rep.cpu_ops.count for rep in reports if rep.cpu_ops is not None),
-                                       rows=orows[:top])
-    idles = [rep.idle for rep in reports if rep.idle is not None]
-    if idles:
-        irows = []
-        for index, group in _merge_by([r for i in idles for r in i.rows], lambda r: r.index).items():
-            irows.append(IdleRow(index=index, **{f: sum(getattr(g, f) for g in group) for f in (
-                "window_ns", "busy_ns", "idle_launch_ns", "idle_sync_ns", "idle_other_ns")}))
-        irows.sort(key=lambda r: r.index)
-        report.idle = IdleSection(scope=idles[0].scope, rows=irows, **{f: sum(getattr(i, f) for i in idles) for f in (
-            "window_ns", "busy_ns", "idle_launch_ns", "idle_sync_ns", "idle_other_ns")})
-    report.ranks = _ranks_section(results, source)
-    report.findings = order(_merged_findings(results) + _rank_findings(report.ranks, limits))
+    """The merged report of several ranks: each section merged by its own ``merge``, a ``ranks``
+    section, and the findings of every rank (the worst of each rule) with those only several ranks show."""
+    mctx = MergeContext(results, source, top)
+    report = Report(**{s.name: s.merge(mctx) for s in REGISTRY if s.merge is not None})
+    ranks = report.ranks
+    report.findings = order((report.findings or []) + (_rank_findings(ranks, limits) if ranks is not None else []))
     return report
-
-
-def _summary(results: list[RankResult], source: str) -> Summary:
-    s = [r.report.summary for r in results]
-    events: dict[str, int] = {}
-    for x in s:
-        for k, v in x.events.items():
-            events[k] = events.get(k, 0) + v
-
-    def known_sum(field: str) -> int | None:
-        vals = [getattr(x, field) for x in s if getattr(x, field) is not None]
-        return sum(vals) if vals else None
-
-    span = max(x.span_ns for x in s)
-    busy = known_sum("gpu_busy_ns")
-    paths = sorted({os.path.dirname(r.path) or "." for r in results})
-    return Summary(
-        path=f"{len(results)} ranks in {', '.join(paths)} (ranks from {source})",
-        source=s[0].source,
-        devices=sorted({d for x in s for d in x.devices}),
-        base_time_ns=min((x.base_time_ns for x in s if x.base_time_ns is not None), default=None),
-        span_ns=span,
-        events=dict(sorted(events.items())),
-        skipped_events=sum(x.skipped_events for x in s),
-        kernel_count=sum(x.kernel_count for x in s),
-        kernel_ns=known_sum("kernel_ns"),
-        gpu_op_count=sum(x.gpu_op_count for x in s),
-        gpu_busy_ns=busy,
-        gpu_busy_share=busy / (span * len(s)) if busy is not None and span else None,
-        launch_count=sum(x.launch_count for x in s),
-        launch_api_ns=sum(x.launch_api_ns for x in s),
-        step_count=max(x.step_count for x in s),
-        warnings=[f"rank {r.rank}: {w}" for r in results for w in r.report.summary.warnings],
-    )
-
-
-def _launches(reports: list[Report], top: int) -> LaunchesSection | None:
-    ls = [rep.launches for rep in reports if rep.launches is not None]
-    if not ls:
-        return None
-    apis = []
-    for name, group in _merge_by([a for x in ls for a in x.apis], lambda a: a.name).items():
-        count, total = sum(g.count for g in group), sum(g.total_ns for g in group)
-        apis.append(ApiStat(name=name, kind=group[0].kind, count=count, total_ns=total,
-                            mean_ns=total // count if count else 0, max_ns=max(g.max_ns for g in group)))
-    apis.sort(key=lambda a: (-a.total_ns, a.name))
-    delays = [x for x in ls if x.delay_count]
-    dcount = sum(x.delay_count for x in delays)
-
-    def med(field: str) -> int | None:
-        vals = [getattr(x, field) for x in delays if getattr(x, field) is not None]
-        return _median_int(vals) if vals else None
-
-    per_step = [x.per_step_median for x in ls if x.per_step_median is not None]
-    return LaunchesSection(
-        launch_count=sum(x.launch_count for x in ls),
-        api_ns=sum(x.api_ns for x in ls),
-        sync_count=sum(x.sync_count for x in ls),
-        sync_ns=sum(x.sync_ns for x in ls),
-        per_step_median=sum(per_step) if per_step else None,  # all ranks' launches per step, together
-        delay_count=dcount,
-        delay_mean_ns=sum((x.delay_mean_ns or 0) * x.delay_count for x in delays) // dcount if dcount else None,
-        delay_median_ns=med("delay_median_ns"),
-        delay_p90_ns=med("delay_p90_ns"),
-        delay_max_ns=max((x.delay_max_ns for x in delays if x.delay_max_ns is not None), default=None),
-        launches_without_gpu_op=sum(x.launches_without_gpu_op for x in ls),
-        gpu_ops_without_launch=sum(x.gpu_ops_without_launch for x in ls),
-        apis=apis[:top],
-    )
-
-
-def _steps(reports: list[Report]) -> StepsSection | None:
-    """Steps side by side: step *i* of the merged report sums step *i* of every rank."""
-    sections = [rep.steps for rep in reports if rep.steps is not None]
-    if not sections:
-        return None
-    rows = []
-    for index, group in sorted(_merge_by([r for s in sections for r in s.rows], lambda r: r.index).items()):
-        def total(field: str) -> int | None:
-            vals = [getattr(g, field) for g in group if getattr(g, field) is not None]
-            return sum(vals) if vals else None
-        cats: dict[str, int] = {}
-        for g in group:
-            for k, v in g.categories.items():
-                cats[k] = cats.get(k, 0) + v
-        rows.append(StepRow(index=index, name=group[0].name, phase=group[0].phase, start_ns=min(g.start_ns for g in group),
-                            cpu_ns=sum(g.cpu_ns for g in group), gpu_busy_ns=total("gpu_busy_ns"),
-                            gpu_span_ns=total("gpu_span_ns"), kernel_ns=total("kernel_ns"),
-                            kernels=sum(g.kernels for g in group), launches=sum(g.launches for g in group),
-                            launch_api_ns=sum(g.launch_api_ns for g in group), sync_ns=sum(g.sync_ns for g in group),
-                            memcpy_bytes=sum(g.memcpy_bytes for g in group), categories=cats))
-
-    def spread(values: list[int]) -> tuple[int | None, int | None, int | None]:
-        if not values:
-            return None, None, None
-        q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
-        return int(round(q[0])), _median_int(values), int(round(q[-1]))
-
-    cpu = spread([r.cpu_ns for r in rows])
-    gpu = spread([r.gpu_busy_ns for r in rows if r.gpu_busy_ns is not None])
-    launches = [r.launches for r in rows]
-    return StepsSection(pattern=sections[0].pattern, count=len(rows), cpu_median_ns=cpu[1], cpu_p10_ns=cpu[0],
-                        cpu_p90_ns=cpu[2], gpu_busy_median_ns=gpu[1], gpu_busy_p10_ns=gpu[0], gpu_busy_p90_ns=gpu[2],
-                        launches_median=statistics.median(launches) if launches else None, rows=rows)
-
-
-def _ranks_section(results: list[RankResult], source: str) -> RanksSection:
-    rows = []
-    step_rows = []
-    for r in results:
-        rep = r.report
-        comm = rep.communication
-        steps = rep.steps.rows if rep.steps is not None else []
-        rows.append(RankRow(
-            rank=r.rank,  # type: ignore[arg-type]
-            path=r.path,
-            kernel_ns=rep.summary.kernel_ns,
-            communication_ns=comm.communication_ns if comm is not None else 0,
-            overlap_ns=comm.overlap_ns if comm is not None else 0,
-            exposed_communication_ns=comm.exposed_ns if comm is not None else 0,
-            busy_ns=rep.summary.gpu_busy_ns,
-            span_ns=rep.summary.span_ns,
-            launches=rep.summary.launch_count,
-            steps=len(steps),
-            step_median_ns=_median_int([s.cpu_ns for s in steps]) if steps else None,
-        ))
-        comm_rows = {c.index: c for c in comm.rows} if comm is not None else {}
-        for s in steps:
-            c = comm_rows.get(s.index)
-            step_rows.append(RankStepRow(
-                rank=r.rank,  # type: ignore[arg-type]
-                index=s.index,
-                cpu_ns=s.cpu_ns,
-                gpu_busy_ns=s.gpu_busy_ns,
-                communication_ns=c.communication_ns if c else 0,
-                overlap_ns=c.overlap_ns if c else 0,
-                exposed_communication_ns=c.exposed_ns if c else 0,
-            ))
-    return RanksSection(source=source, count=len(results), rows=rows, steps=step_rows,
-                        stragglers=_stragglers(results), skew=_skew(results))
-
-
-def _stragglers(results: list[RankResult]) -> list[StragglerRow]:
-    """Per step: the slowest rank against the median, and the category that explains the gap."""
-    by_index: dict[int, list[tuple[int, StepRow]]] = {}
-    for r in results:
-        for s in (r.report.steps.rows if r.report.steps is not None else []):
-            by_index.setdefault(s.index, []).append((r.rank, s))  # type: ignore[arg-type]
-    out = []
-    for index in sorted(by_index):
-        group = by_index[index]
-        if len(group) < 2:
-            continue
-        times = [s.cpu_ns for _, s in group]
-        median = statistics.median(times)
-        rank, slow = max(group, key=lambda rs: (rs[1].cpu_ns, -rs[0]))
-        category, excess = None, 0
-        cats = {c for _, s in group for c in s.categories}
-        for c in sorted(cats):
-            gap = slow.categories.get(c, 0) - statistics.median([s.categories.get(c, 0) for _, s in group])
-            if gap > excess:
-                category, excess = c, int(gap)
-        out.append(StragglerRow(index=index, slowest_rank=rank, slowest_ns=slow.cpu_ns, median_ns=int(round(median)),
-                                excess_ns=int(round(slow.cpu_ns - median)), category=category,
-                                category_excess_ns=excess))
-    return out
-
-
-def _skew(results: list[RankResult]) -> list[SkewRow]:
-    """Per collective family: how far apart the ranks start the same collective (the k-th of the family
-    on each rank), on the traces' clocks (one node, or synchronized clocks)."""
-    families = sorted({f for r in results for f in r.collectives})
-    out = []
-    for fam in families:
-        lists = [(r.rank, r.collectives.get(fam, [])) for r in results]
-        n = min(len(starts) for _, starts in lists)
-        if n == 0 or len(lists) < 2:
-            continue
-        skews = []
-        last: dict[int, int] = {}
-        for k in range(n):
-            starts = [(starts[k], rank) for rank, starts in lists]
-            skews.append(max(starts)[0] - min(starts)[0])
-            late = max(starts)[1]
-            last[late] = last.get(late, 0) + 1
-        worst = max(last.items(), key=lambda kv: (kv[1], -kv[0]))
-        out.append(SkewRow(family=fam, occurrences=n, median_skew_ns=_median_int(skews), max_skew_ns=max(skews),
-                           last_rank=worst[0], last_rank_share=worst[1] / n))
-    out.sort(key=lambda r: (-r.median_skew_ns, r.family))
-    return out
-
-
-def _merged_findings(results: list[RankResult]) -> list[Finding]:
-    """One finding per rule across ranks: the worst rank's, with the ranks that show it."""
-    out = []
-    by_id = _merge_by([(r.rank, f) for r in results for f in (r.report.findings or [])], lambda rf: rf[1].id)
-    rank = {s: i for i, s in enumerate(SEVERITIES)}
-    for rule, group in by_id.items():
-        worst_rank, worst = max(group, key=lambda rf: (rank[rf[1].severity], rf[1].evidence.get("at_stake_ns", 0)))
-        ranks = sorted(r for r, _ in group)
-        evidence = {**worst.evidence, "at_stake_ns": sum(f.evidence.get("at_stake_ns", 0) for _, f in group),
-                    "ranks": ranks, "worst_rank": worst_rank}
-        title = f"{worst.title} (rank {worst_rank}; on {len(ranks)} of {len(results)} ranks)"
-        out.append(Finding(id=rule, severity=worst.severity, title=title, evidence=evidence, remedy=worst.remedy))
-    return out
 
 
 def _rank_findings(ranks: RanksSection, t: dict[str, float]) -> list[Finding]:

@@ -7,7 +7,8 @@ report's own ``to_dict()``.
 
 Example:
     >>> rows = [{"name": "gemm", "total_ns": 18304}]
-    >>> table = Table("kernels", "Top kernels", [Column("kernel", "name", Unit.NAME), Column("total", "total_ns", Unit.NS)], rows)
+    >>> columns = [Column("kernel", "name", Unit.NAME), Column("total", "total_ns", Unit.NS)]
+    >>> table = Table("kernels", "Top kernels", columns, rows)
     >>> print(write([table], "csv"), end="")
     section,name,total_ns
     kernels,gemm,18304
@@ -27,6 +28,7 @@ __all__ = [
     "Column",
     "Table",
     "TABLE_FORMATS",
+    "STEP_SPREAD_COLUMNS",
     "write",
     "format_ns",
     "format_bytes",
@@ -98,6 +100,11 @@ class Table:
     lines: list[str] = dataclasses.field(default_factory=list)
     cut: bool = False
     listed: bool = False
+
+
+#: A row's time per step across steps: median, p10 and p90 (``step_median_ns``, ``step_p10_ns``, ``step_p90_ns``).
+STEP_SPREAD_COLUMNS = [Column("per step (median)", "step_median_ns", Unit.NS), Column("p10", "step_p10_ns", Unit.NS),
+                       Column("p90", "step_p90_ns", Unit.NS)]
 
 
 def format_ns(ns: int | float | None) -> str:

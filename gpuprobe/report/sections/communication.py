@@ -1,20 +1,49 @@
-"""Communication against computation: per device, the union of communication kernels, the union
-of the other kernels, their overlap and the exposed rest; for the whole trace and per step. Also
-the start of each collective, by family and occurrence, for comparing ranks."""
+"""The communication section: communication kernels against computation. Per device, the union of
+communication kernels, the union of the other kernels, their overlap and the exposed rest; for the
+whole trace and per step. Also the start of each collective, by family and occurrence, for comparing
+ranks."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
-from gpuprobe._kernel_names import CATEGORIES, kernel_family
-from gpuprobe.report._columns import merge_intervals, overlap_length
-from gpuprobe.report._scan import GpuOpKind, TraceScan
-from gpuprobe.report.schema import CommStepRow, CommunicationSection
+from gpuprobe._kernel_names import kernel_family
+from gpuprobe.report._context import CAT_INDEX, Context, GpuOpKind, Section, TraceScan, merge_intervals, overlap_length
+from gpuprobe.report._tables import Column, Table, Unit, format_ns
 
-__all__ = ["communication", "collective_starts", "split_overlap"]
+__all__ = ["CommStepRow", "CommunicationSection", "communication", "collective_starts", "split_overlap", "SECTION"]
 
-_COMM = CATEGORIES.index("communication")
 _KERNEL = GpuOpKind.KERNEL.value
+
+
+@dataclasses.dataclass
+class CommStepRow:
+    """Communication of one step (``index`` as in the steps section)."""
+
+    index: int
+    communication_ns: int
+    overlap_ns: int
+    exposed_ns: int
+
+
+@dataclasses.dataclass
+class CommunicationSection:
+    """Communication kernels (NCCL, RCCL, custom all-reduce, ...) and how much compute hides them.
+
+    ``communication_ns`` sums their durations; ``overlap_ns`` is, per device, the union of their
+    intervals intersected with the union of the other kernels' intervals, summed over devices;
+    ``exposed_ns`` is the union of communication minus the overlap: time only communication ran.
+    """
+
+    kernel_ns: int
+    collectives: int
+    communication_ns: int
+    overlap_ns: int
+    exposed_ns: int
+    rows: list[CommStepRow]
+
+
 
 
 def split_overlap(kernels: Iterable[tuple[int, int, int, bool]]) -> tuple[int, int, int]:
@@ -43,7 +72,11 @@ def split_overlap(kernels: Iterable[tuple[int, int, int, bool]]) -> tuple[int, i
 
 
 def communication(
-    scan: TraceScan, cols: object, step_windows: list[list[tuple[int, int]]], step_indexes: list[int], comm_names: set[int]
+    scan: TraceScan,
+    cols: object,
+    step_windows: list[list[tuple[int, int]]],
+    step_indexes: list[int],
+    comm_names: set[int],
 ) -> CommunicationSection | None:
     """The communication section of a trace; None without communication kernels."""
     if not comm_names:
@@ -88,3 +121,23 @@ def collective_starts(scan: TraceScan, gpu_names: list[str], comm_names: set[int
     for starts in out.values():
         starts.sort()
     return out
+
+
+def compute(ctx: Context) -> CommunicationSection | None:
+    """The section of a trace with GPU operations; None without communication kernels."""
+    if not ctx.gpu_known:
+        return None
+    comm_ids = {i for i, c in enumerate(ctx.cat_of_name) if c == CAT_INDEX["communication"]}
+    steps = ctx.steps
+    return communication(ctx.scan, ctx.cols, [s.op_windows for s in steps], [s.index for s in steps], comm_ids)
+
+
+def tables(cm: CommunicationSection, markdown: bool) -> list[Table]:
+    columns = [Column("step", "index", Unit.INT), Column("communication", "communication_ns", Unit.NS),
+               Column("overlapped", "overlap_ns", Unit.NS), Column("exposed", "exposed_ns", Unit.NS)]
+    line = (f"{cm.collectives:,} communication kernels, {format_ns(cm.communication_ns)}; overlapped with "
+            f"other kernels {format_ns(cm.overlap_ns)}, exposed {format_ns(cm.exposed_ns)}")
+    return [Table("communication", "Communication and computation overlap", columns, cm.rows, [line])]
+
+
+SECTION = Section("communication", tables, compute=compute)

@@ -1,0 +1,122 @@
+"""The findings section: what is wrong (or worth knowing), the numbers that show it and the usual
+remedy. The rules that find them are :mod:`gpuprobe.report._findings`; the builder runs them once every
+other section is computed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from gpuprobe.report._context import MergeContext, Section, group_by
+from gpuprobe.report._tables import Column, Table, format_ns
+
+__all__ = ["SEVERITIES", "Finding", "findings_table", "SECTION"]
+
+#: Finding severities, mildest first.
+SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
+
+
+@dataclasses.dataclass
+class Finding:
+    """Something wrong (or worth knowing), the numbers that show it, and the usual remedy.
+
+    Attributes:
+        id: The rule that found it (fixed, e.g. ``host_sync``); see ``docs/diagnosis.md``.
+        severity: ``info``, ``warning`` or ``critical``.
+        title: One line for people.
+        evidence: Numbers and where they come from; ``at_stake_ns`` is the estimated time at
+            stake, the order of findings in a report.
+        remedy: What usually fixes it.
+    """
+
+    id: str
+    severity: str
+    title: str
+    evidence: dict[str, Any]
+    remedy: str
+
+
+def _scalar_evidence(evidence: dict[str, Any], prefix: str = "") -> str:
+    parts = []
+    for key, value in evidence.items():
+        if isinstance(value, dict) and not prefix:  # one level down: by_api.cudaStreamSynchronize=8
+            inner = _scalar_evidence(value, f"{key}.")
+            if inner:
+                parts.append(inner)
+            continue
+        if isinstance(value, (dict, list)) or value is None:
+            continue
+        key = prefix + key
+        if isinstance(value, float):
+            text = f"{value:.3g}"
+        elif isinstance(value, int) and key.endswith("_ns"):
+            text = format_ns(value)
+        else:
+            text = str(value)
+        parts.append(f"{key}={text}")
+    return ", ".join(parts)
+
+
+def _offender_lines(evidence: dict[str, Any]) -> list[str]:
+    rows = evidence.get("top_offenders") or (evidence.get("would_sync_on_gpu") or {}).get("top_offenders") or []
+    return [
+        f"     {r['calls']:,} x {r['operator']} in {r['range']}"
+        + (f" ({r['per_step']:g} per step)" if r.get("per_step") is not None else "")
+        + (f": {r.get('function') or r['role'].replace('_', ' ')}" if r.get("role") else "")
+        for r in rows
+    ]
+
+
+def findings_table(findings: list[Any], markdown: bool) -> Table:
+    """The findings as lines (text, Markdown) and as a table of one row each (CSV)."""
+    lines: list[str] = []
+    for n, f in enumerate(findings, 1):
+        if markdown:
+            lines.append(f"- **{f.severity}** `{f.id}`: {f.title}")
+            lines.append(f"  - evidence: {_scalar_evidence(f.evidence)}")
+            lines.extend("  - " + line.strip() for line in _offender_lines(f.evidence))
+            lines.append(f"  - remedy: {f.remedy}")
+        else:
+            lines.append(f"{n}. [{f.severity}] {f.id}: {f.title}")
+            lines.append(f"   evidence: {_scalar_evidence(f.evidence)}")
+            lines.extend(_offender_lines(f.evidence))
+            lines.append(f"   remedy: {f.remedy}")
+    rows = [
+        {
+            "id": f.id,
+            "severity": f.severity,
+            "title": f.title,
+            "at_stake_ns": f.evidence.get("at_stake_ns", 0),
+            "remedy": f.remedy,
+            "evidence": json.dumps(f.evidence, sort_keys=True),
+        }
+        for f in findings
+    ]
+    columns = [
+        Column(key, key, csv_only=True)
+        for key in ("id", "severity", "title", "at_stake_ns", "remedy", "evidence")
+    ]
+    return Table("findings", "Findings", columns, rows, lines, listed=True)
+
+
+def tables(findings: list[Finding], markdown: bool) -> list[Table]:
+    return [findings_table(findings, markdown)]
+
+
+def merge(mctx: MergeContext) -> list[Finding]:
+    """One finding per rule across ranks: the worst rank's, with the ranks that show it (not ordered)."""
+    out = []
+    by_id = group_by([(r.rank, f) for r in mctx.results for f in (r.report.findings or [])], lambda rf: rf[1].id)
+    rank = {s: i for i, s in enumerate(SEVERITIES)}
+    for rule, group in by_id.items():
+        worst_rank, worst = max(group, key=lambda rf: (rank[rf[1].severity], rf[1].evidence.get("at_stake_ns", 0)))
+        ranks = sorted(r for r, _ in group)
+        evidence = {**worst.evidence, "at_stake_ns": sum(f.evidence.get("at_stake_ns", 0) for _, f in group),
+                    "ranks": ranks, "worst_rank": worst_rank}
+        title = f"{worst.title} (rank {worst_rank}; on {len(ranks)} of {len(mctx.results)} ranks)"
+        out.append(Finding(id=rule, severity=worst.severity, title=title, evidence=evidence, remedy=worst.remedy))
+    return out
+
+
+SECTION = Section("findings", tables, merge=merge)

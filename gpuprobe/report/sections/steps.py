@@ -1,0 +1,174 @@
+"""The steps section: one row per step (a range matching the step pattern, outermost match only),
+for generation: its CPU time, GPU time by category, launches, syncs and copies."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+from gpuprobe._kernel_names import CATEGORIES
+from gpuprobe.report._context import (
+    Context,
+    MergeContext,
+    Section,
+    StepWindows,
+    group_by,
+    median_int,
+    quantile,
+    step_spread,
+)
+from gpuprobe.report._tables import Column, Table, Unit, format_ns
+
+__all__ = ["StepRow", "StepsSection", "SECTION"]
+
+
+@dataclasses.dataclass
+class StepRow:
+    """One step: a range matching the step pattern (outermost match only)."""
+
+    index: int
+    name: str
+    phase: str
+    start_ns: int
+    cpu_ns: int
+    gpu_busy_ns: int | None
+    gpu_span_ns: int | None
+    kernel_ns: int | None
+    kernels: int
+    launches: int
+    launch_api_ns: int
+    sync_ns: int
+    memcpy_bytes: int
+    categories: dict[str, int]
+
+
+@dataclasses.dataclass
+class StepsSection:
+    """Per-step table for generation; ``start_ns`` is relative to the trace start."""
+
+    pattern: str
+    count: int
+    cpu_median_ns: int | None
+    cpu_p10_ns: int | None
+    cpu_p90_ns: int | None
+    gpu_busy_median_ns: int | None
+    gpu_busy_p10_ns: int | None
+    gpu_busy_p90_ns: int | None
+    launches_median: float | None
+    rows: list[StepRow]
+
+
+def compute(ctx: Context) -> StepsSection:
+    cols = ctx.cols
+    n_cat = len(CATEGORIES)
+    gpu_known = ctx.gpu_known
+    steps = ctx.steps
+    step_threads = {s.thread for s in steps}
+    launch_windows = StepWindows(cols.launches_by_thread, step_threads)
+    sync_windows = StepWindows(cols.syncs_by_thread, step_threads)
+    rows: list[StepRow] = []
+    for step in steps:
+        op_wins = step.op_windows
+        launch_wins = launch_windows.find(step.thread, step.start, step.end)
+        sync_wins = sync_windows.find(step.thread, step.start, step.end)
+        cats: dict[str, int] = {}
+        busy = span = kernel_ns = None
+        if gpu_known:
+            busy, span = cols.busy_span(op_wins)
+            kernel_ns = cols.window_total(cols.cum_kernel_ns, op_wins)
+            per_cat = cols.categories(op_wins, n_cat)
+            cats = {CATEGORIES[j]: v for j, v in enumerate(per_cat) if v}
+        rows.append(
+            StepRow(
+                index=step.index,
+                name=step.name,
+                phase=step.phase,
+                start_ns=step.start - ctx.origin,
+                cpu_ns=step.end - step.start,
+                gpu_busy_ns=busy,
+                gpu_span_ns=span,
+                kernel_ns=kernel_ns,
+                kernels=cols.window_total(cols.cum_kernels, op_wins),
+                launches=sum(hi - lo for lo, hi in launch_wins),
+                launch_api_ns=cols.window_total(cols.cum_launch_ns, launch_wins),
+                sync_ns=cols.window_total(cols.cum_sync_ns, sync_wins),
+                memcpy_bytes=cols.window_total(cols.cum_memcpy_bytes, op_wins),
+                categories=cats,
+            )
+        )
+    cpu = step_spread([r.cpu_ns for r in rows])
+    gpu = step_spread([r.gpu_busy_ns for r in rows if r.gpu_busy_ns is not None]) if gpu_known else None
+    return StepsSection(
+        pattern=ctx.step_regex[1],
+        count=len(rows),
+        cpu_median_ns=cpu.median if cpu else None,
+        cpu_p10_ns=cpu.p10 if cpu else None,
+        cpu_p90_ns=cpu.p90 if cpu else None,
+        gpu_busy_median_ns=gpu.median if gpu else None,
+        gpu_busy_p10_ns=gpu.p10 if gpu else None,
+        gpu_busy_p90_ns=gpu.p90 if gpu else None,
+        launches_median=quantile(sorted(r.launches for r in rows), 0.5) if rows else None,
+        rows=rows,
+    )
+
+
+_COLUMNS = [
+    Column("step", "index", Unit.INT), Column("name", "name", Unit.NAME), Column("phase", "phase"),
+    Column("start", "start_ns", Unit.NS), Column("CPU", "cpu_ns", Unit.NS), Column("GPU busy", "gpu_busy_ns", Unit.NS),
+    Column("GPU span", "gpu_span_ns", Unit.NS), Column("kernels", "kernels", Unit.INT),
+    Column("launches", "launches", Unit.INT), Column("launch API", "launch_api_ns", Unit.NS),
+    Column("sync", "sync_ns", Unit.NS), Column("memcpy", "memcpy_bytes", Unit.BYTES),
+]
+
+
+def tables(st: StepsSection, markdown: bool) -> list[Table]:
+    """The steps, with each category's time per step in CSV (text and Markdown show ``top`` rows)."""
+    cats = [c for c in CATEGORIES if any(c in row.categories for row in st.rows)]
+    columns = _COLUMNS + [Column(c, f"cat:{c}", Unit.NS, csv_only=True, csv_header=f"{c}_ns") for c in cats]
+    lines = [
+        f"{st.count:,} steps (pattern {st.pattern}); CPU median {format_ns(st.cpu_median_ns)} "
+        f"(p10 {format_ns(st.cpu_p10_ns)}, p90 {format_ns(st.cpu_p90_ns)}); GPU busy median "
+        f"{format_ns(st.gpu_busy_median_ns)} (p10 {format_ns(st.gpu_busy_p10_ns)}, "
+        f"p90 {format_ns(st.gpu_busy_p90_ns)})"
+    ]
+    rows = [dict(dataclasses.asdict(row), **{f"cat:{c}": row.categories.get(c, 0) for c in cats}) for row in st.rows]
+    return [Table("steps", "Steps", columns, rows, lines, cut=True)]
+
+
+def merge(mctx: MergeContext) -> StepsSection | None:
+    """Steps side by side: step *i* of the merged report sums step *i* of every rank."""
+    sections = mctx.parts("steps")
+    if not sections:
+        return None
+    rows = []
+    for index, group in sorted(group_by([r for s in sections for r in s.rows], lambda r: r.index).items()):
+        def total(field: str) -> int | None:
+            vals = [getattr(g, field) for g in group if getattr(g, field) is not None]
+            return sum(vals) if vals else None
+        cats: dict[str, int] = {}
+        for g in group:
+            for k, v in g.categories.items():
+                cats[k] = cats.get(k, 0) + v
+        rows.append(StepRow(index=index, name=group[0].name, phase=group[0].phase,
+                            start_ns=min(g.start_ns for g in group), cpu_ns=sum(g.cpu_ns for g in group),
+                            gpu_busy_ns=total("gpu_busy_ns"), gpu_span_ns=total("gpu_span_ns"),
+                            kernel_ns=total("kernel_ns"),
+                            kernels=sum(g.kernels for g in group), launches=sum(g.launches for g in group),
+                            launch_api_ns=sum(g.launch_api_ns for g in group), sync_ns=sum(g.sync_ns for g in group),
+                            memcpy_bytes=sum(g.memcpy_bytes for g in group), categories=cats))
+
+    def spread(values: list[int]) -> tuple[int | None, int | None, int | None]:
+        if not values:
+            return None, None, None
+        q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
+        return int(round(q[0])), median_int(values), int(round(q[-1]))
+
+    cpu = spread([r.cpu_ns for r in rows])
+    gpu = spread([r.gpu_busy_ns for r in rows if r.gpu_busy_ns is not None])
+    launches = [r.launches for r in rows]
+    return StepsSection(pattern=sections[0].pattern, count=len(rows), cpu_median_ns=cpu[1], cpu_p10_ns=cpu[0],
+                        cpu_p90_ns=cpu[2], gpu_busy_median_ns=gpu[1], gpu_busy_p10_ns=gpu[0], gpu_busy_p90_ns=gpu[2],
+                        launches_median=statistics.median(launches) if launches else None, rows=rows)
+
+
+SECTION = Section("steps", tables, compute=compute, merge=merge)
