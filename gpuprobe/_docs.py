@@ -5,60 +5,7 @@ Run ``python -m gpuprobe._docs > docs/metrics.md``; a test checks the file is cu
 
 from __future__ import annotations
 
-from ._metrics import SPECS, prometheus_name
-
-ATTRIBUTES = {
-    "gen_ai.server.time_to_first_token": "gen_ai.request.model, gen_ai.provider.name, gen_ai.operation.name, clock (host/device)",
-    "gen_ai.server.time_per_output_token": "gen_ai.request.model, gen_ai.provider.name, gen_ai.operation.name",
-    "gen_ai.server.request.duration": "gen_ai.request.model, gen_ai.provider.name, gen_ai.operation.name, error.type (on failure; continuous batching: cancelled/failed)",
-    "gen_ai.client.token.usage": "gen_ai.request.model, gen_ai.provider.name, gen_ai.operation.name, gen_ai.token.type (input/output)",
-    "gpuprobe.step.duration": "model, phase (prefill/decode; continuous batching: also mixed), clock (host/device)",
-    "gpuprobe.step.component.duration": "model, component (forward/logits_processor/stopping_criteria/streamer/other; speculative steps: also draft/verify; continuous batching: schedule/forward/update), processor (class name)",
-    "gpuprobe.layer.duration": "model, layer.type, layer.index (opt-in)",
-    "gpuprobe.probe.duration": "probe, kind, clock (host/device), your attrs",
-    "gpuprobe.probe.errors": "probe, error.type",
-    "gpuprobe.step.batch_size": "model",
-    "gpuprobe.generate.active": "model",
-    "gpuprobe.memory.allocated": "device",
-    "gpuprobe.memory.reserved": "device (CUDA only)",
-    "gpuprobe.memory.peak": "device",
-    "gpuprobe.kv_cache.memory": "model",
-    "gpuprobe.kv_cache.sequence_length": "model",
-    "gpuprobe.kernel.time": "category",
-    "gpuprobe.kernel.launches": "category",
-    "gpuprobe.step.syncs": "model, component (forward/logits_processor/stopping_criteria/streamer/other/probe), processor (class or probe name), op (`aten::name`)",
-    "gpuprobe.step.audited": "model",
-    "gpuprobe.telemetry.dropped": "reason",
-    "gpuprobe.seam.disabled": "seam",
-    "gpuprobe.build_info": "gpuprobe.version, torch.version, transformers.version (empty when not installed), python.version, device.name (the GPU's name once CUDA is initialized, else the gpuprobe.device value)",
-    "gpuprobe.step.memory_bandwidth.utilization": "model, phase (prefill/decode)",
-    "gpuprobe.step.flops.utilization": "model, phase (prefill/decode)",
-    "gpuprobe.inter_token.duration": "model, clock (host/device)",
-    "gpuprobe.request.queue.duration": "model",
-    "gpuprobe.requests.running": "model",
-    "gpuprobe.requests.waiting": "model",
-    "gpuprobe.requests.preempted": "model",
-    "gpuprobe.requests.finished": "model, finish_reason (stop/length/cancelled/failed)",
-    "gpuprobe.kv_cache.usage": "model",
-    "gpuprobe.kv_cache.blocks": "model, state (used/total)",
-    "gpuprobe.batch.tokens": "model, phase (prefill/decode)",
-    "gpuprobe.batch.requests": "model",
-    "gpuprobe.speculative.drafts": "model, method (draft_model/prompt_lookup/early_exit/mtp/dflash/other)",
-    "gpuprobe.speculative.draft_tokens": "model, method",
-    "gpuprobe.speculative.accepted_tokens": "model, method",
-    "gpuprobe.speculative.accepted_tokens_per_position": "model, method, position (0 … 31, then 32+)",
-    "gpuprobe.speculative.emitted_tokens": "model, method",
-    "gpuprobe.gpu.utilization": "gpu.index, gpuprobe.device (per series)",
-    "gpuprobe.gpu.memory.used": "gpu.index, gpuprobe.device (per series)",
-    "gpuprobe.gpu.memory.total": "gpu.index, gpuprobe.device (per series)",
-    "gpuprobe.gpu.clock.sm": "gpu.index, gpuprobe.device (per series)",
-    "gpuprobe.gpu.power": "gpu.index, gpuprobe.device (per series)",
-    "gpuprobe.gpu.power.limit": "gpu.index, gpuprobe.device (per series)",
-    "gpuprobe.gpu.temperature": "gpu.index, gpuprobe.device (per series)",
-    "gpuprobe.gpu.throttle": "gpu.index, gpuprobe.device (per series), reason (gpu_idle/applications_clocks/sw_power_cap/hw_slowdown/sync_boost/sw_thermal/hw_thermal/hw_power_brake/display_clocks)",
-    "gpuprobe.gpu.sm.activity": "gpu.index, gpuprobe.device (per series)",
-    "gpuprobe.gpu.tensor.activity": "gpu.index, gpuprobe.device (per series)",
-}
+from ._metrics import SPECS, MetricSpec, prometheus_name
 
 # GPU health gauges (NVML) → the dcgm-exporter field that carries the same reading, and how they differ.
 DCGM = {
@@ -78,6 +25,18 @@ DCGM = {
 }
 
 _SUFFIX = {"histogram": "_bucket / _sum / _count", "counter": "_total", "updown": "", "gauge": ""}
+
+
+def attributes(spec: MetricSpec) -> str:
+    """The attributes column of a metric's row: each attribute with its note, then the user's own where it
+    takes them.
+
+    Example:
+        >>> from gpuprobe._metrics import SPECS
+        >>> attributes(SPECS["gpuprobe.probe.duration"])
+        'probe, kind, clock (host/device), your attrs'
+    """
+    return ", ".join([a.described for a in spec.attributes] + (["your attrs"] if spec.user_attributes else []))
 
 
 def render() -> str:
@@ -112,7 +71,7 @@ def render() -> str:
         suffix = _SUFFIX[spec.instrument]
         shown = f"`{prom}`" + (f" ({suffix})" if suffix else "")
         inst = {"updown": "up-down counter"}.get(spec.instrument, spec.instrument)
-        lines.append(f"| `{name}` | {inst} | `{spec.unit}` | {ATTRIBUTES.get(name, '')} | {shown} | {spec.description} |")
+        lines.append(f"| `{name}` | {inst} | `{spec.unit}` | {attributes(spec)} | {shown} | {spec.description} |")
     lines += ["", "## Histogram buckets", "", "| name | bucket bounds |", "|---|---|"]
     for name, spec in SPECS.items():
         if spec.buckets:
@@ -250,7 +209,7 @@ def render() -> str:
         "",
         "| gpuprobe | dcgm-exporter field | units |",
         "|---|---|---|",
-        *[f"| `{name}` | `{field}` | {note} |" for name, (field, note) in DCGM.items()],
+        *[f"| `{SPECS[name].name}` | `{field}` | {note} |" for name, (field, note) in DCGM.items()],
         "",
         "## Serving",
         "",

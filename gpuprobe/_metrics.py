@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 __all__ = [
+    "Attribute",
     "MetricSpec",
     "SPECS",
     "Registry",
@@ -55,8 +56,46 @@ NS = 1e-9
 
 
 @dataclasses.dataclass(frozen=True)
+class Attribute:
+    """One attribute of a metric's series.
+
+    Attributes:
+        name: the OpenTelemetry attribute name (``model``, ``gen_ai.request.model``, ``phase``).
+        note: what the metrics reference says after the name, in parentheses; by default its ``values``
+            joined by ``/``, and nothing when it has none (``""``: nothing either way).
+        values: its only values, when they are known before anything is counted; None when they come
+            from the program (model, class, probe and seam names, versions), bounded all the same by the
+            ``max_label_values`` cap.
+        names_model: the attribute names the model (what dashboards select and group models by).
+
+    Example:
+        >>> Attribute("clock", values=("host", "device")).described
+        'clock (host/device)'
+    """
+
+    name: str
+    note: str | None = None
+    values: tuple[str, ...] | None = None
+    names_model: bool = False
+
+    def __post_init__(self) -> None:
+        if self.values is not None and (not self.values or len(set(self.values)) != len(self.values)):
+            raise ValueError(f"attribute {self.name!r}: values must be distinct and at least one, got {self.values!r}")
+
+    @property
+    def described(self) -> str:
+        """The name, with its note in parentheses where it has one (the metrics reference's words)."""
+        note = self.note if self.note is not None else "/".join(self.values or ())
+        return f"{self.name} ({note})" if note else self.name
+
+
+@dataclasses.dataclass(frozen=True)
 class MetricSpec:
-    """What one metric is: its OpenTelemetry name, instrument, unit, buckets and raw-value scale."""
+    """What one metric is: its OpenTelemetry name, instrument, unit, buckets, raw-value scale and attributes.
+
+    The one declaration of a metric: the exporters, the metrics reference (:mod:`gpuprobe._docs`) and the
+    dashboards (:mod:`gpuprobe.dashboards`) read it from here.
+    """
 
     name: str
     instrument: str  # histogram | counter | updown | gauge
@@ -64,9 +103,48 @@ class MetricSpec:
     description: str
     buckets: tuple[float, ...] | None = None
     scale: float = 1.0  # raw value * scale = value in ``unit``
-    # Label sets known before anything is counted: ``((label, (value, ...)), ...)``, the series' only labels;
-    # every combination is prepared by :meth:`Registry.prepare_known` (so an exposition can show it at 0).
-    known: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The attributes its series carry (every one at most; besides gpuprobe.rank and gpuprobe.device, which
+    # every series gets from the registry).
+    attributes: tuple[Attribute, ...] = ()
+    # Its series also carry the attributes the user gives (``probe(attrs=...)``).
+    user_attributes: bool = False
+
+    def __post_init__(self) -> None:
+        names = [a.name for a in self.attributes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: an attribute is declared twice in {names}")
+        if sum(a.names_model for a in self.attributes) > 1:
+            raise ValueError(f"{self.name}: more than one attribute names the model")
+
+    @property
+    def attribute_names(self) -> frozenset[str]:
+        """The names of its declared attributes."""
+        return frozenset(a.name for a in self.attributes)
+
+    @property
+    def model_attribute(self) -> str | None:
+        """The attribute that names the model on its series, or None where none does.
+
+        Example:
+            >>> SPECS["gen_ai.server.request.duration"].model_attribute, SPECS["gpuprobe.memory.peak"].model_attribute
+            ('gen_ai.request.model', None)
+        """
+        return next((a.name for a in self.attributes if a.names_model), None)
+
+    @functools.cached_property
+    def known(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """The label sets known before anything is counted, ``((attribute, (value, ...)), ...)``: when every
+        attribute's values are known (and it has attributes), every combination is a series of its own,
+        prepared by :meth:`Registry.prepare_known` so an exposition can show it at 0; else empty. Worked
+        out once per spec: every scrape reads it.
+
+        Example:
+            >>> SPECS["gpuprobe.telemetry.dropped"].known[0][1][0]
+            'event_pool_exhausted'
+        """
+        if self.user_attributes or not self.attributes or any(a.values is None for a in self.attributes):
+            return ()
+        return tuple((a.name, a.values) for a in self.attributes if a.values is not None)
 
 
 # ``reason`` of ``gpuprobe.telemetry.dropped`` (docs/metrics.md, "Dropped telemetry"): a count of each is
@@ -74,6 +152,29 @@ class MetricSpec:
 DROP_REASONS = ("event_pool_exhausted", "device_timing_failed", "otlp_export_failed", "jsonl_queue_full",
                 "jsonl_write_failed", "meter_provider_queue_full", "meter_provider_write_failed",
                 "kernel_sampling_busy")
+
+# Attributes several metrics share. The model: gen_ai.* metrics name it as the OpenTelemetry GenAI semantic
+# conventions do, gpuprobe's own per-model metrics with a short ``model`` (the same value).
+GEN_AI_MODEL = Attribute("gen_ai.request.model", names_model=True)
+GEN_AI = (GEN_AI_MODEL, Attribute("gen_ai.provider.name"), Attribute("gen_ai.operation.name"))
+MODEL = Attribute("model", names_model=True)
+CLOCK = Attribute("clock", values=("host", "device"))
+PHASE = Attribute("phase", values=("prefill", "decode"))
+TOKEN_TYPE = Attribute("gen_ai.token.type", values=("input", "output"))
+ERROR_TYPE = Attribute("error.type")  # an exception's class name, or a status of the integration's
+SPECULATIVE_METHOD = Attribute("method", values=("draft_model", "prompt_lookup", "early_exit", "mtp", "dflash", "other"))
+_METHOD = dataclasses.replace(SPECULATIVE_METHOD, note="")  # the reference names its values once, on drafts
+# Components of a generation step (one meaning on both metrics that carry it): generate()'s parts, a
+# speculative step's draft and verification, continuous batching's scheduler step, and a probe's syncs.
+_COMPONENTS = ("forward", "logits_processor", "stopping_criteria", "streamer", "other")
+_SPECULATIVE_COMPONENTS = ("draft", "verify")
+DEVICE = Attribute("device")  # the device a memory reading is of
+# GPU health gauges carry the GPU's own gpuprobe.device in place of the process-wide one.
+GPU = (Attribute("gpu.index"), Attribute("gpuprobe.device", note="per series"))
+# NVML's clocks-event reasons, in gpuprobe's words (gpuprobe._nvml reads them).
+THROTTLE_REASONS = ("gpu_idle", "applications_clocks", "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal",
+                    "hw_thermal", "hw_power_brake", "display_clocks")
+MAX_DRAFT_POSITIONS = 32  # accepted draft tokens are counted per position up to here, then together
 
 
 def _spec(*args: Any, **kwargs: Any) -> tuple[str, MetricSpec]:
@@ -85,91 +186,136 @@ SPECS: dict[str, MetricSpec] = dict(
     [
         _spec("gen_ai.server.time_to_first_token", "histogram", "s",
               "Time from the request to its first output token: clock=host when the host holds the token "
-              "(what a client sees), clock=device on the GPU's clock", TTFT_BUCKETS, NS),
+              "(what a client sees), clock=device on the GPU's clock", TTFT_BUCKETS, NS, attributes=(*GEN_AI, CLOCK)),
         _spec("gen_ai.server.time_per_output_token", "histogram", "s",
               "Per successful request of two tokens or more: (duration − TTFT) ÷ (output tokens − 1)",
-              STEP_BUCKETS, NS),
+              STEP_BUCKETS, NS, attributes=GEN_AI),
         _spec("gpuprobe.inter_token.duration", "histogram", "s",
               "Inter-token latency: time between two consecutive output tokens of a request, one sample per "
               "output token after its first (generate(): per decode step, the same for every sequence of the batch)",
-              STEP_BUCKETS, NS),
+              STEP_BUCKETS, NS, attributes=(MODEL, CLOCK)),
         _spec("gen_ai.server.request.duration", "histogram", "s",
-              "Duration of a whole generate() call", REQUEST_BUCKETS, NS),
+              "Duration of a whole generate() call", REQUEST_BUCKETS, NS,
+              attributes=(*GEN_AI, dataclasses.replace(ERROR_TYPE, note="on failure; continuous batching: "
+                                                                         "cancelled/failed"))),
         _spec("gen_ai.client.token.usage", "histogram", "{token}",
-              "Input and output tokens per generate() call", TOKEN_BUCKETS),
+              "Input and output tokens per generate() call", TOKEN_BUCKETS, attributes=(*GEN_AI, TOKEN_TYPE)),
         _spec("gpuprobe.step.duration", "histogram", "s",
-              "Forward step time by phase (prefill/decode) and clock (host/device)", STEP_BUCKETS, NS),
+              "Forward step time by phase (prefill/decode) and clock (host/device)", STEP_BUCKETS, NS,
+              attributes=(MODEL, Attribute("phase", note="prefill/decode; continuous batching: also mixed",
+                                           values=("prefill", "decode", "mixed")), CLOCK)),
         _spec("gpuprobe.step.component.duration", "histogram", "s",
-              "Time of each part of a generation step", STEP_BUCKETS, NS),
+              "Time of each part of a generation step", STEP_BUCKETS, NS,
+              attributes=(MODEL, Attribute("component", note="forward/logits_processor/stopping_criteria/streamer/other; "
+                                                        "speculative steps: also draft/verify; continuous batching: "
+                                                        "schedule/forward/update",
+                                           values=(*_COMPONENTS, *_SPECULATIVE_COMPONENTS, "schedule", "update")),
+                          Attribute("processor", note="class name"))),
         _spec("gpuprobe.layer.duration", "histogram", "s",
-              "Decoder layer forward time, sampled every N steps", STEP_BUCKETS, NS),
+              "Decoder layer forward time, sampled every N steps", STEP_BUCKETS, NS,
+              attributes=(MODEL, Attribute("layer.type"), Attribute("layer.index", note="opt-in"))),
         _spec("gpuprobe.probe.duration", "histogram", "s",
-              "Duration of a @probe / with probe() region", PROBE_BUCKETS, NS),
-        _spec("gpuprobe.probe.errors", "counter", "{error}", "Exceptions raised inside a probe"),
-        _spec("gpuprobe.step.batch_size", "histogram", "{sequence}", "Sequences per generate() call", BATCH_BUCKETS),
-        _spec("gpuprobe.generate.active", "updown", "{request}", "generate() calls in flight"),
-        _spec("gpuprobe.memory.allocated", "gauge", "By", "Memory allocated (CUDA allocator, or process RSS on CPU)"),
-        _spec("gpuprobe.memory.reserved", "gauge", "By", "Memory reserved by the CUDA caching allocator"),
-        _spec("gpuprobe.memory.peak", "gauge", "By", "High-water mark of allocated memory since the last reset"),
-        _spec("gpuprobe.kv_cache.memory", "gauge", "By", "Bytes held by the KV cache object"),
-        _spec("gpuprobe.kv_cache.sequence_length", "gauge", "{token}", "Sequence length held by the KV cache"),
-        _spec("gpuprobe.kernel.time", "counter", "s", "GPU kernel time by category, from sampled profiling", None),
-        _spec("gpuprobe.kernel.launches", "counter", "{launch}", "Kernel launches by category, from sampled profiling"),
+              "Duration of a @probe / with probe() region", PROBE_BUCKETS, NS,
+              attributes=(Attribute("probe"), Attribute("kind"), CLOCK), user_attributes=True),
+        _spec("gpuprobe.probe.errors", "counter", "{error}", "Exceptions raised inside a probe",
+              attributes=(Attribute("probe"), ERROR_TYPE)),
+        _spec("gpuprobe.step.batch_size", "histogram", "{sequence}", "Sequences per generate() call", BATCH_BUCKETS,
+              attributes=(MODEL,)),
+        _spec("gpuprobe.generate.active", "updown", "{request}", "generate() calls in flight", attributes=(MODEL,)),
+        _spec("gpuprobe.memory.allocated", "gauge", "By", "Memory allocated (CUDA allocator, or process RSS on CPU)",
+              attributes=(DEVICE,)),
+        _spec("gpuprobe.memory.reserved", "gauge", "By", "Memory reserved by the CUDA caching allocator",
+              attributes=(dataclasses.replace(DEVICE, note="CUDA only"),)),
+        _spec("gpuprobe.memory.peak", "gauge", "By", "High-water mark of allocated memory since the last reset",
+              attributes=(DEVICE,)),
+        _spec("gpuprobe.kv_cache.memory", "gauge", "By", "Bytes held by the KV cache object", attributes=(MODEL,)),
+        _spec("gpuprobe.kv_cache.sequence_length", "gauge", "{token}", "Sequence length held by the KV cache",
+              attributes=(MODEL,)),
+        _spec("gpuprobe.kernel.time", "counter", "s", "GPU kernel time by category, from sampled profiling", None,
+              attributes=(Attribute("category"),)),
+        _spec("gpuprobe.kernel.launches", "counter", "{launch}", "Kernel launches by category, from sampled profiling",
+              attributes=(Attribute("category"),)),
         _spec("gpuprobe.step.syncs", "counter", "{sync}",
-              "Operations that force a device-to-host synchronisation, on audited steps (sync audit)"),
+              "Operations that force a device-to-host synchronisation, on audited steps (sync audit)",
+              attributes=(MODEL, Attribute("component", values=(*_COMPONENTS, "probe", *_SPECULATIVE_COMPONENTS)),
+                          Attribute("processor", note="class or probe name"),
+                          Attribute("op", note="`aten::name`"))),
         _spec("gpuprobe.step.audited", "counter", "{step}",
-              "Generation steps the sync audit counted (syncs per step = syncs ÷ audited steps)"),
+              "Generation steps the sync audit counted (syncs per step = syncs ÷ audited steps)", attributes=(MODEL,)),
         _spec("gpuprobe.telemetry.dropped", "counter", "{record}", "Telemetry records dropped, by reason",
-              known=(("reason", DROP_REASONS),)),
+              attributes=(Attribute("reason", note="", values=DROP_REASONS),)),
         _spec("gpuprobe.seam.disabled", "counter", "{seam}",
-              "A seam into another library turned itself off after gpuprobe's own work in it failed (fail open)"),
+              "A seam into another library turned itself off after gpuprobe's own work in it failed (fail open)",
+              attributes=(Attribute("seam"),)),
         _spec("gpuprobe.build_info", "gauge", "{build}",
-              "Always 1; the labels name the versions of gpuprobe, torch, transformers and Python, and the device"),
+              "Always 1; the labels name the versions of gpuprobe, torch, transformers and Python, and the device",
+              attributes=(Attribute("gpuprobe.version"), Attribute("torch.version"),
+                          Attribute("transformers.version", note="empty when not installed"), Attribute("python.version"),
+                          Attribute("device.name", note="the GPU's name once CUDA is initialized, else the "
+                                                   "gpuprobe.device value"))),
         _spec("gpuprobe.step.memory_bandwidth.utilization", "histogram", "1",
-              "Bytes a step must read (weights, KV cache) ÷ step time ÷ peak memory bandwidth", UTILIZATION_BUCKETS),
+              "Bytes a step must read (weights, KV cache) ÷ step time ÷ peak memory bandwidth", UTILIZATION_BUCKETS,
+              attributes=(MODEL, PHASE)),
         _spec("gpuprobe.step.flops.utilization", "histogram", "1",
-              "Model FLOPs of a step ÷ step time ÷ peak FLOP/s of the parameters' dtype", UTILIZATION_BUCKETS),
+              "Model FLOPs of a step ÷ step time ÷ peak FLOP/s of the parameters' dtype", UTILIZATION_BUCKETS,
+              attributes=(MODEL, PHASE)),
         _spec("gpuprobe.request.queue.duration", "histogram", "s",
-              "Serving: time from a request's arrival to its first scheduled step", QUEUE_BUCKETS, NS),
+              "Serving: time from a request's arrival to its first scheduled step", QUEUE_BUCKETS, NS,
+              attributes=(MODEL,)),
         _spec("gpuprobe.requests.running", "gauge", "{request}",
-              "Serving: requests the scheduler is running (prefilling or decoding)"),
-        _spec("gpuprobe.requests.waiting", "gauge", "{request}", "Serving: requests waiting to be scheduled"),
+              "Serving: requests the scheduler is running (prefilling or decoding)", attributes=(MODEL,)),
+        _spec("gpuprobe.requests.waiting", "gauge", "{request}", "Serving: requests waiting to be scheduled",
+              attributes=(MODEL,)),
         _spec("gpuprobe.requests.preempted", "counter", "{request}",
-              "Serving: running requests evicted from the KV cache to make room (offloaded or restarted)"),
-        _spec("gpuprobe.requests.finished", "counter", "{request}", "Serving: requests that ended, by finish reason"),
-        _spec("gpuprobe.kv_cache.usage", "gauge", "1", "Serving: fraction of the paged KV cache's blocks in use"),
-        _spec("gpuprobe.kv_cache.blocks", "gauge", "{block}", "Serving: paged KV cache blocks in use, and in all"),
+              "Serving: running requests evicted from the KV cache to make room (offloaded or restarted)",
+              attributes=(MODEL,)),
+        _spec("gpuprobe.requests.finished", "counter", "{request}", "Serving: requests that ended, by finish reason",
+              attributes=(MODEL, Attribute("finish_reason", values=("stop", "length", "cancelled", "failed")))),
+        _spec("gpuprobe.kv_cache.usage", "gauge", "1", "Serving: fraction of the paged KV cache's blocks in use",
+              attributes=(MODEL,)),
+        _spec("gpuprobe.kv_cache.blocks", "gauge", "{block}", "Serving: paged KV cache blocks in use, and in all",
+              attributes=(MODEL, Attribute("state", values=("used", "total")))),
         _spec("gpuprobe.batch.tokens", "histogram", "{token}",
-              "Serving: tokens scheduled per continuous-batching step, by phase", BATCH_TOKEN_BUCKETS),
+              "Serving: tokens scheduled per continuous-batching step, by phase", BATCH_TOKEN_BUCKETS,
+              attributes=(MODEL, PHASE)),
         _spec("gpuprobe.batch.requests", "histogram", "{request}",
-              "Serving: requests scheduled per continuous-batching step", BATCH_BUCKETS),
+              "Serving: requests scheduled per continuous-batching step", BATCH_BUCKETS, attributes=(MODEL,)),
         # Speculative decoding (assisted decoding, prompt lookup): per verification step of the main model.
         _spec("gpuprobe.speculative.drafts", "counter", "{draft}",
-              "Speculative decoding: verification steps that checked a draft of one token or more"),
+              "Speculative decoding: verification steps that checked a draft of one token or more",
+              attributes=(MODEL, SPECULATIVE_METHOD)),
         _spec("gpuprobe.speculative.draft_tokens", "counter", "{token}",
-              "Speculative decoding: draft tokens proposed to the main model"),
+              "Speculative decoding: draft tokens proposed to the main model", attributes=(MODEL, _METHOD)),
         _spec("gpuprobe.speculative.accepted_tokens", "counter", "{token}",
-              "Speculative decoding: draft tokens the main model accepted (acceptance rate = accepted ÷ draft tokens)"),
+              "Speculative decoding: draft tokens the main model accepted (acceptance rate = accepted ÷ draft tokens)",
+              attributes=(MODEL, _METHOD)),
         _spec("gpuprobe.speculative.accepted_tokens_per_position", "counter", "{token}",
-              "Speculative decoding: accepted draft tokens by their position in the draft (0 = the first)"),
+              "Speculative decoding: accepted draft tokens by their position in the draft (0 = the first)",
+              attributes=(MODEL, _METHOD,
+                          Attribute("position", note=f"0 … {MAX_DRAFT_POSITIONS - 1}, then {MAX_DRAFT_POSITIONS}+",
+                                    values=(*map(str, range(MAX_DRAFT_POSITIONS)), f"{MAX_DRAFT_POSITIONS}+")))),
         _spec("gpuprobe.speculative.emitted_tokens", "histogram", "{token}",
               "Speculative decoding: tokens one verification step emitted (the accepted draft tokens and one "
-              "of the main model's own)", EMITTED_TOKEN_BUCKETS),
+              "of the main model's own)", EMITTED_TOKEN_BUCKETS, attributes=(MODEL, _METHOD)),
         # GPU health from NVML (setting `nvml`), per GPU: gpu.index and gpuprobe.device on each series.
         _spec("gpuprobe.gpu.utilization", "gauge", "1",
-              "GPU health (NVML): fraction of the last sample period in which a kernel ran on the GPU"),
-        _spec("gpuprobe.gpu.memory.used", "gauge", "By", "GPU health (NVML): device memory in use, by every process"),
-        _spec("gpuprobe.gpu.memory.total", "gauge", "By", "GPU health (NVML): device memory in all"),
-        _spec("gpuprobe.gpu.clock.sm", "gauge", "Hz", "GPU health (NVML): SM clock"),
-        _spec("gpuprobe.gpu.power", "gauge", "W", "GPU health (NVML): power draw"),
-        _spec("gpuprobe.gpu.power.limit", "gauge", "W", "GPU health (NVML): enforced power limit"),
-        _spec("gpuprobe.gpu.temperature", "gauge", "Cel", "GPU health (NVML): GPU temperature"),
+              "GPU health (NVML): fraction of the last sample period in which a kernel ran on the GPU", attributes=GPU),
+        _spec("gpuprobe.gpu.memory.used", "gauge", "By", "GPU health (NVML): device memory in use, by every process",
+              attributes=GPU),
+        _spec("gpuprobe.gpu.memory.total", "gauge", "By", "GPU health (NVML): device memory in all", attributes=GPU),
+        _spec("gpuprobe.gpu.clock.sm", "gauge", "Hz", "GPU health (NVML): SM clock", attributes=GPU),
+        _spec("gpuprobe.gpu.power", "gauge", "W", "GPU health (NVML): power draw", attributes=GPU),
+        _spec("gpuprobe.gpu.power.limit", "gauge", "W", "GPU health (NVML): enforced power limit", attributes=GPU),
+        _spec("gpuprobe.gpu.temperature", "gauge", "Cel", "GPU health (NVML): GPU temperature", attributes=GPU),
         _spec("gpuprobe.gpu.throttle", "gauge", "1",
-              "GPU health (NVML): 1 while the clocks are held down for this reason, else 0"),
+              "GPU health (NVML): 1 while the clocks are held down for this reason, else 0",
+              attributes=(*GPU, Attribute("reason", values=THROTTLE_REASONS))),
         _spec("gpuprobe.gpu.sm.activity", "gauge", "1",
-              "GPU health (NVML GPM, Hopper and later): fraction of SMs busy over the last sample period"),
+              "GPU health (NVML GPM, Hopper and later): fraction of SMs busy over the last sample period",
+              attributes=GPU),
         _spec("gpuprobe.gpu.tensor.activity", "gauge", "1",
-              "GPU health (NVML GPM, Hopper and later): tensor-core activity over the last sample period"),
+              "GPU health (NVML GPM, Hopper and later): tensor-core activity over the last sample period",
+              attributes=GPU),
     ]
 )
 

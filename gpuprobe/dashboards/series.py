@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .._metrics import ERROR_TYPE as _ERROR_TYPE
 from .._metrics import SPECS, prometheus_label, prometheus_name
+from .._metrics import TOKEN_TYPE as _TOKEN_TYPE
 from ..errors import ConfigError
 
 __all__ = [
@@ -36,55 +38,22 @@ def label(attribute: str) -> str:
 
 
 RANK = label("gpuprobe.rank")
-TOKEN_TYPE = label("gen_ai.token.type")
-ERROR_TYPE = label("error.type")
+TOKEN_TYPE = label(_TOKEN_TYPE.name)
+ERROR_TYPE = label(_ERROR_TYPE.name)
 LAYER_TYPE = label("layer.type")
-
-# Which attribute names the model on each metric's series. gen_ai.* metrics follow the GenAI
-# semantic conventions; gpuprobe's own per-model metrics carry a short ``model``. A test checks this
-# table against a real exposition, so a change in the integration shows up there.
-_MODEL_ATTR: dict[str, str] = {
-    "gen_ai.server.time_to_first_token": "gen_ai.request.model",
-    "gen_ai.server.time_per_output_token": "gen_ai.request.model",
-    "gen_ai.server.request.duration": "gen_ai.request.model",
-    "gen_ai.client.token.usage": "gen_ai.request.model",
-    "gpuprobe.step.duration": "model",
-    "gpuprobe.step.component.duration": "model",
-    "gpuprobe.layer.duration": "model",
-    "gpuprobe.step.batch_size": "model",
-    "gpuprobe.generate.active": "model",
-    "gpuprobe.kv_cache.memory": "model",
-    "gpuprobe.kv_cache.sequence_length": "model",
-    "gpuprobe.step.syncs": "model",
-    "gpuprobe.step.audited": "model",
-    "gpuprobe.step.memory_bandwidth.utilization": "model",
-    "gpuprobe.step.flops.utilization": "model",
-    "gpuprobe.inter_token.duration": "model",
-    "gpuprobe.request.queue.duration": "model",
-    "gpuprobe.requests.running": "model",
-    "gpuprobe.requests.waiting": "model",
-    "gpuprobe.requests.preempted": "model",
-    "gpuprobe.requests.finished": "model",
-    "gpuprobe.kv_cache.usage": "model",
-    "gpuprobe.kv_cache.blocks": "model",
-    "gpuprobe.batch.tokens": "model",
-    "gpuprobe.batch.requests": "model",
-    "gpuprobe.speculative.drafts": "model",
-    "gpuprobe.speculative.draft_tokens": "model",
-    "gpuprobe.speculative.accepted_tokens": "model",
-    "gpuprobe.speculative.accepted_tokens_per_position": "model",
-    "gpuprobe.speculative.emitted_tokens": "model",
-}
 
 
 def model_label(metric: str) -> str | None:
-    """The Prometheus label naming the model on ``metric``'s series, or None if it has none.
+    """The Prometheus label naming the model on ``metric``'s series, or None if it has none (the spec's
+    :attr:`~gpuprobe._metrics.MetricSpec.model_attribute`: gen_ai.* metrics follow the GenAI semantic
+    conventions, gpuprobe's own per-model metrics carry a short ``model``).
 
     Example:
         >>> model_label("gpuprobe.step.duration"), model_label("gpuprobe.memory.peak")
         ('model', None)
     """
-    attr = _MODEL_ATTR.get(metric)
+    spec = SPECS.get(metric)
+    attr = spec.model_attribute if spec is not None else None
     return label(attr) if attr else None
 
 
