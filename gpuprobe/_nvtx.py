@@ -16,7 +16,7 @@ from typing import Any
 __all__ = ["NvtxBackend", "pick", "DOMAIN", "CATEGORIES"]
 
 DOMAIN = "gpuprobe"
-CATEGORIES = ("generate", "step", "component", "logits_processor", "layer", "user")
+CATEGORIES = ("generate", "step", "component", "logits_processor", "stopping_criterion", "layer", "user")
 _COLORS = {
     "generate": 0x4E79A7, "step": 0xF28E2B, "component": 0x59A14F, "logits_processor": 0xE15759,
     "layer": 0x76B7B2, "user": 0xB07AA1,

@@ -18,13 +18,17 @@ nvtx_capture = pytest.importorskip("gpuprobe.testing.nvtx_capture")
 
 SCRIPT = """
 import json, threading, torch, transformers
-from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList
+from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 from gpuprobe.integrations.transformers import instrument
 
 class Quiet(BaseStreamer):
     def put(self, value): pass
     def end(self): pass
+
+class NeverStop(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 class Boom:
     def __init__(self): self.calls = 0
@@ -43,7 +47,8 @@ def tiny(name, **kw):
 ids = torch.randint(3, 128, (1, 5))
 report = {}
 ok = tiny("ok", layers=True, layer_every=2)
-out = ok.generate(ids, max_new_tokens=5, min_new_tokens=5, do_sample=True, top_k=10, temperature=0.8, streamer=Quiet())
+out = ok.generate(ids, max_new_tokens=5, min_new_tokens=5, do_sample=True, top_k=10, temperature=0.8, streamer=Quiet(),
+                  stopping_criteria=StoppingCriteriaList([NeverStop()]))
 report["ok_steps"] = out.shape[1] - ids.shape[1]
 
 bad = tiny("badargs")
@@ -118,10 +123,15 @@ def test_each_step_contains_its_components_with_the_same_payload(captured):
     for step in children(cap, call):
         parts = children(cap, step)
         assert [p.message for p in parts] == ["forward", "TemperatureLogitsWarper", "TopKLogitsWarper",
-                                              "stopping_criteria", "streamer"]
+                                              "stopping_criteria", "stopping_criteria", "streamer"]
         assert {p.payload for p in parts} == {step.payload}
         assert [p.category_name for p in parts] == ["component", "logits_processor", "logits_processor",
-                                                    "component", "component"]
+                                                    "component", "component", "component"]
+        # One stopping_criteria range per criterion, each holding a range of the criterion's class.
+        criteria = [children(cap, p) for p in parts if p.message == "stopping_criteria"]
+        assert [[c.message for c in inside] for inside in criteria] == [["MaxLengthCriteria"], ["NeverStop"]]
+        assert {c.category_name for inside in criteria for c in inside} == {"stopping_criterion"}
+        assert {c.payload for inside in criteria for c in inside} == {step.payload}
 
 
 def test_layers_nest_in_the_forward_of_sampled_steps(captured):

@@ -55,6 +55,8 @@ class Timed:
             nv = ctx.nv
             if nv is not None:
                 nv.push(state.nvtx(nv, self._gp_message, self._gp_kind, ctx.step))
+                if self._gp_detail:
+                    nv.push(state.nvtx(nv, self._gp_name, "stopping_criterion", ctx.step))
             marks = ctx.marks
             if marks is not None:
                 mark = marks.begin(self._gp_where, self._gp_range)
@@ -70,6 +72,8 @@ class Timed:
                     marks.end(mark)
                 if nv is not None:
                     nv.pop()
+                    if self._gp_detail:
+                        nv.pop()
             except Exception as exc:
                 seam.fail(exc)
             raise
@@ -79,6 +83,8 @@ class Timed:
                 marks.end(mark)
             if nv is not None:
                 nv.pop()
+                if self._gp_detail:
+                    nv.pop()
             child = self._gp_child
             if child is not None:  # a logits processor: its own series, and the step's processor time
                 ctx.records.append((child, dt))
@@ -91,6 +97,7 @@ class Timed:
 
     # What each kind of element is and where its time goes.
     _gp_kind = "logits_processor"
+    _gp_detail = False  # a range of the element's class inside its own range (stopping criteria)
 
     @property
     def _gp_message(self) -> str:  # the NVTX range: the processor's class
@@ -131,6 +138,9 @@ class TimedCriterion(Timed):
     _gp_seam = SEAM_CRITERION
     _gp_kind = "component"
     _gp_message = "stopping_criteria"  # the NVTX range of the component (ncu/nsys filters name it)
+    # Inside it, a range of the criterion's class: without it a step showed two identical
+    # "stopping_criteria" ranges (max length and EOS) on a timeline.
+    _gp_detail = True
 
     @property
     def _gp_where(self) -> tuple[str, str]:
