@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from time import monotonic_ns, perf_counter_ns
 from typing import Any
 
+from ._torch_caps import profiler_enabled_here
 from .errors import ConfigError, GpuprobeError
 from .runtime import DISABLED_AT_IMPORT, Runtime
 
@@ -233,7 +234,7 @@ def _window_in(rt: Runtime, first: int, last: int) -> Any:
 def _profiler_running() -> bool:
     """Whether a profiler (torch.profiler, the autograd profiler) records on the calling thread."""
     torch = sys.modules.get("torch")
-    return torch is not None and bool(torch._C._autograd._profiler_enabled())
+    return torch is not None and profiler_enabled_here(torch)
 
 
 def _describe(window: Any) -> str:

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["DEVICE_WORK_ACTIVITIES", "SYNC_RECORD_NAMES", "LegacyCpuProfiler", "ProfilerCaps", "cuda_graphs_warm_up",
-           "cuda_sleep", "forget", "kineto_event_class", "profiler_caps"]
+           "cuda_sleep", "forget", "kineto_event_class", "profiler_caps", "profiler_enabled_here", "RecordFunctionOps",
+           "record_function_ops", "memory_history_recorder", "memory_snapshot_dumper", "oom_observer_attacher"]
 
 # _KinetoEvent.activity_type() of device work: kineto's ActivityType names of CONCURRENT_KERNEL,
 # GPU_MEMCPY and GPU_MEMSET (strings in libtorch_cpu.so).
@@ -218,3 +219,60 @@ def cuda_sleep(torch: Any) -> Callable[[int], object] | None:
     the function exists and raises when called (there is no ``torch._C._cuda_sleep``).
     """
     return getattr(getattr(torch, "cuda", None), "_sleep", None)
+
+
+def profiler_enabled_here(torch: Any) -> bool:
+    """Whether a profiler (torch.profiler, the autograd profiler) records on the calling thread
+    (``torch._C._autograd._profiler_enabled()``; False where torch has none).
+
+    Looked up when called (the simulated CUDA may replace it while installed); not for a hot path.
+    """
+    enabled = getattr(_autograd(torch), "_profiler_enabled", None)
+    return enabled is not None and bool(enabled())
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordFunctionOps:
+    """The profiler's own operators behind ``torch.profiler.record_function``, for a range without its
+    context manager.
+
+    Attributes:
+        enter: ``torch.ops.profiler._record_function_enter_new(name, args)``: opens a USER_SCOPE range
+            (a ``user_annotation`` in a kineto trace) and returns its handle.
+        exit: ``torch.ops.profiler._record_function_exit._RecordFunction(handle)``: closes it.
+        no_torch_function: ``torch._C.DisableTorchFunctionSubclass``, the context ``record_function``
+            exits under (with ``__torch_function__`` handling on, the exit costs ~2x).
+    """
+
+    enter: Callable[..., Any]
+    exit: Callable[[Any], Any]
+    no_torch_function: Callable[[], Any]
+
+
+def record_function_ops(torch: Any) -> RecordFunctionOps:
+    """The operators of :class:`RecordFunctionOps` in ``torch``.
+
+    Raises:
+        AttributeError: this torch has not got one of them (the caller's seam turns itself off).
+    """
+    profiler = torch.ops.profiler
+    return RecordFunctionOps(profiler._record_function_enter_new, profiler._record_function_exit._RecordFunction,
+                             torch._C.DisableTorchFunctionSubclass)
+
+
+# -- the CUDA allocator's private API (gpuprobe.memory); each looked up when called: the simulated CUDA
+# replaces them while installed.
+
+def memory_history_recorder(torch: Any) -> Callable[..., Any]:
+    """``torch.cuda.memory._record_memory_history`` (an AttributeError where torch has none)."""
+    return torch.cuda.memory._record_memory_history
+
+
+def memory_snapshot_dumper(torch: Any) -> Callable[[str], Any]:
+    """``torch.cuda.memory._dump_snapshot(path)`` (an AttributeError where torch has none)."""
+    return torch.cuda.memory._dump_snapshot
+
+
+def oom_observer_attacher(torch: Any) -> Callable[[Callable[..., Any]], Any] | None:
+    """``torch._C._cuda_attach_out_of_memory_observer``, or None where torch has none."""
+    return getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)

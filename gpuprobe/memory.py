@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from ._cuda import torch_with_cuda
 from ._files import atomic_write
+from ._torch_caps import memory_history_recorder, memory_snapshot_dumper, oom_observer_attacher
 from .errors import GpuprobeError
 
 __all__ = ["MemoryReading", "read", "process_reading", "snapshot", "record_history", "SnapshotTriggers"]
@@ -139,7 +140,7 @@ def record_history(enabled: bool = True, max_entries: int = 100_000, stacks: str
         GpuprobeError: no CUDA device (a clear message, not a crash).
     """
     torch = _require_cuda("memory.record_history()")
-    record = torch.cuda.memory._record_memory_history
+    record = memory_history_recorder(torch)
     if enabled:
         record("all", context="all", stacks=stacks, max_entries=max_entries)
     else:
@@ -159,7 +160,7 @@ def snapshot(path: str | os.PathLike[str]) -> Path:
         >>> snapshot("oom.pickle")  # doctest: +SKIP
     """
     torch = _require_cuda("memory.snapshot()")
-    return atomic_write(path, torch.cuda.memory._dump_snapshot)
+    return atomic_write(path, memory_snapshot_dumper(torch))
 
 
 class SnapshotTriggers:
@@ -216,7 +217,7 @@ class SnapshotTriggers:
 
     def _attach_observer(self) -> None:
         torch = _cuda()
-        attach = getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
+        attach = oom_observer_attacher(torch)
         if attach is None:
             return
         # Observers cannot be detached: the callback checks that these triggers are still in force.

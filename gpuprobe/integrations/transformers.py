@@ -52,6 +52,7 @@ from ._hf.compat import (
     UnsupportedVersionError,
     check_model,
     check_version,
+    model_names,
 )
 from ._hf.compat import import_transformers as _transformers
 from ._hf.generate.layers import find_layers
@@ -77,14 +78,13 @@ C = TypeVar("C", bound=type)
 
 
 def _default_name(model: Any) -> str:
-    cfg = getattr(model, "config", None)
-    name = str(getattr(cfg, "name_or_path", "") or "")
+    name, model_type = model_names(model)
     if name:
         # A local path names a folder on someone's disk: keep its last part only.
         if os.path.isabs(name) or name.startswith(".") or os.path.isdir(name):
             name = os.path.basename(os.path.normpath(name)) or name
         return name[:128]
-    return str(getattr(cfg, "model_type", "") or type(model).__name__)
+    return model_type or type(model).__name__
 
 
 def _check_options(model_name: Any, layers: Any, layer_every: Any, memory_every: Any) -> None:

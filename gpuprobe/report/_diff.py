@@ -22,6 +22,8 @@ __all__ = ["DiffRow", "DiffReport", "VerdictRow", "diff", "NORMALIZE", "VERDICTS
 
 #: Normalisations of :func:`diff`.
 NORMALIZE: tuple[str, ...] = ("step", "token", "none")
+#: What the values of a diff are, by normalization (and the words after each verdict figure's name).
+_UNIT_WORDS = {"step": "per step", "token": "per token", "none": "in all"}
 #: The verdicts of a diff (:attr:`DiffReport.verdict`).
 VERDICTS: tuple[str, ...] = ("better", "worse", "mixed", "unchanged", "unknown")
 _DIFF_SECTIONS = ("findings", "categories", "families", "ranges", "memory", "steps", "cpu_ops", "launches", "idle")
@@ -60,16 +62,16 @@ class DiffReport:
             >>> json.dumps(diff("a.json", "b.json").to_dict())  # doctest: +SKIP
         """
         body = dataclasses.asdict(self)
-        findings = body.pop("findings")
+        del body["findings"]
         out: dict[str, Any] = {"schema": "gpuprobe.diff/1"}
-        if findings is not None:
-            out["findings"] = findings
+        if self.findings is not None:
+            out["findings"] = [f.to_dict() for f in self.findings]
         out.update(body)
         return out
 
     def tables(self, markdown: bool = False) -> list[Table]:
         """The verdict, the findings, what was compared, the overview and each compared section."""
-        unit_word = {"step": "per step", "token": "per token", "none": "in all"}[self.normalize]
+        unit_word = _UNIT_WORDS[self.normalize]
         count = self.normalize if self.normalize != "none" else "trace"
         tables = [Table("verdict", f"Verdict: {self.verdict}", _VERDICT_COLUMNS, self.verdict_rows)]
         tables += [findings_table(self.findings, markdown)] if self.findings is not None else []
@@ -204,9 +206,9 @@ def diff(
     categories, families, ranges = compared["categories"], compared["families"], compared["ranges"]
     overview = _overview(ra, rb, ua, ub)
     kinds = {r.family: r.category for rep in (ra, rb) for r in (rep.families.rows if rep.families else [])}
-    overall, verdict_rows = _verdict(ra, rb, limits)
+    overall, verdict_rows = _verdict(ra, rb, limits, normalize, (ua, ub))
     # totals in a trace without steps: a warning says so
-    unit = {"step": "per step", "token": "per token", "none": "in all"}[normalize]
+    unit = _UNIT_WORDS[normalize]
     fusion, explained = _fusion(families, ranges, kinds, unit, limits)
     findings = _regressions(overview, categories, families, ub, limits, explained) + _new_findings(ra, rb)
     findings += [f for f in (fusion, _new_work(families, explained, ub, limits)) if f is not None]
@@ -218,7 +220,7 @@ def diff(
         b_units=ub,
         warnings=warnings,
         overview=overview,
-        findings=[_verdict_finding(overall, verdict_rows, limits)] + order(findings),
+        findings=[_verdict_finding(overall, verdict_rows, limits, normalize)] + order(findings),
         verdict=overall,
         verdict_rows=verdict_rows,
         # the largest changes first, where the section says so: after the findings read them all
@@ -257,25 +259,43 @@ def _spread_of(values: list[float]) -> tuple[float | None, float | None]:
     return float(s.median), float(s.p90 - s.p10)
 
 
-def _step_figures(r: Report) -> dict[str, tuple[str, float | None, float | None]]:
-    """Per-step figures a user cares about: ``name -> (metric, median, p90 - p10)``."""
+def _step_figures(r: Report, scale: float, normalize: str) -> dict[str, tuple[str, float | None, float | None]]:
+    """Per-step figures a user cares about, per unit of ``normalize``: ``name -> (metric, median, p90 - p10)``.
+
+    Each step's value is multiplied by ``scale`` (the trace's steps ÷ its units: 1 per step, steps ÷ tokens
+    per token, the step count in all), so the verdict weighs what the diff's tables show.
+    """
     rows = r.steps.rows if r.steps is not None else []
     out: dict[str, tuple[str, float | None, float | None]] = {}
     if not rows:
         return out
+    unit = _UNIT_WORDS[normalize]
+
+    def figure(values: list[float]) -> tuple[float | None, float | None]:
+        return _spread_of([v * scale for v in values])
+
     busy = [row.gpu_busy_ns for row in rows if row.gpu_busy_ns is not None]
     if busy:
-        out["GPU busy per step"] = ("ns", *_spread_of([float(v) for v in busy]))
-    out["CPU time per step"] = ("ns", *_spread_of([float(row.cpu_ns) for row in rows]))
-    out["launches per step"] = ("launches", *_spread_of([float(row.launches) for row in rows]))
+        out[f"GPU busy {unit}"] = ("ns", *figure([float(v) for v in busy]))
+    out[f"CPU time {unit}"] = ("ns", *figure([float(row.cpu_ns) for row in rows]))
+    out[f"launches {unit}"] = ("launches", *figure([float(row.launches) for row in rows]))
     if r.idle is not None and r.idle.scope == "steps" and r.idle.rows:
-        out["step wall time"] = ("ns", *_spread_of([float(row.window_ns) for row in r.idle.rows]))
+        name = "step wall time" if normalize == "step" else f"wall time {unit}"
+        out[name] = ("ns", *figure([float(row.window_ns) for row in r.idle.rows]))
     return out
 
 
-def _verdict(ra: Report, rb: Report, t: dict[str, float]) -> tuple[str, list[VerdictRow]]:
-    """Better, worse, mixed or unchanged, per step, on GPU busy, CPU time, launches and wall time."""
-    fa, fb = _step_figures(ra), _step_figures(rb)
+def _verdict(
+    ra: Report, rb: Report, t: dict[str, float], normalize: str = "step", units: tuple[float, float] = (0.0, 0.0)
+) -> tuple[str, list[VerdictRow]]:
+    """Better, worse, mixed or unchanged, per unit of ``normalize``, on GPU busy, CPU time, launches and wall
+    time; ``units`` are A's and B's (steps, tokens, or 1 in all: the diff's divisors)."""
+    def scale(r: Report, units: float) -> float:
+        steps = r.steps.count if r.steps is not None else 0
+        return steps / units if normalize != "step" and steps and units else 1.0
+
+    fa = _step_figures(ra, scale(ra, units[0]), normalize)
+    fb = _step_figures(rb, scale(rb, units[1]), normalize)
     rows = []
     for figure in [f for f in fa if f in fb]:
         metric, a, a_spread = fa[figure]
@@ -301,17 +321,18 @@ def _verdict(ra: Report, rb: Report, t: dict[str, float]) -> tuple[str, list[Ver
     return overall, rows
 
 
-def _figure_text(r: VerdictRow) -> str:
+def _figure_text(r: VerdictRow, unit: str = "per step") -> str:
     def fmt(v: float | None) -> str:
         if v is None:
             return "-"
         return f"{v:g}" if r.metric != "ns" else (f"{v / 1e6:.2f} ms" if v >= 1e6 else f"{v / 1e3:.0f} µs")
 
     pct = f" ({r.change * 100:+.0f} %)" if r.change is not None else ""
-    return f"{r.figure.replace(' per step', '')} {fmt(r.a)} → {fmt(r.b)}{pct}"
+    return f"{r.figure.replace(' ' + unit, '')} {fmt(r.a)} → {fmt(r.b)}{pct}"
 
 
-def _verdict_finding(overall: str, rows: list[VerdictRow], t: dict[str, float]) -> Finding:
+def _verdict_finding(overall: str, rows: list[VerdictRow], t: dict[str, float], normalize: str = "step") -> Finding:
+    unit = _UNIT_WORDS[normalize]
     words = {
         "better": "B is better",
         "worse": "B is worse",
@@ -327,11 +348,11 @@ def _verdict_finding(overall: str, rows: list[VerdictRow], t: dict[str, float]) 
     elif overall == "worse":
         big = any(r.change is not None and 1 + r.change >= t["regression.critical_ratio"] for r in worse)
         severity = "critical" if big else "warning"
-    details = ", ".join(_figure_text(r) for r in (changed or rows))
+    details = ", ".join(_figure_text(r, unit) for r in (changed or rows))
     return Finding(
         id="verdict",
         severity=severity,
-        title=f"Verdict per step: {words[overall]}" + (f": {details}" if details else ""),
+        title=f"Verdict {unit}: {words[overall]}" + (f": {details}" if details else ""),
         evidence={
             "at_stake_ns": 0,
             "verdict": overall,
@@ -342,6 +363,7 @@ def _verdict_finding(overall: str, rows: list[VerdictRow], t: dict[str, float]) 
             "worse": "Read the regressions below and the kernel families and ranges that changed.",
             "mixed": "Weigh the figures: the step time (CPU time per step, step wall time) is what a user waits for.",
         }.get(overall, "Nothing to do."),
+        asks_nothing=severity == "info",  # better, unchanged or unknown: nothing to undo
     )
 
 
@@ -390,6 +412,7 @@ def _fusion(
         },
         remedy="Nothing to do: the compiler fused elementwise and copy work into fewer kernels; a new family that "
         "replaces removed ones is not a regression.",
+        asks_nothing=True,
     )
     return finding, {r.key for r in new}
 

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from gpuprobe._kernel_names import short_kernel_name
 from gpuprobe.errors import ConfigError
+from gpuprobe.experiment.remedies import remedy_line
 from gpuprobe.report._diagnosis import (
     BMM_OPS,
     FUSED_ATTENTION_OPS,
@@ -28,7 +29,7 @@ from gpuprobe.report._diagnosis import (
 )
 from gpuprobe.report.schema import SEVERITIES, Finding, Report
 
-__all__ = ["THRESHOLDS", "RULES", "Threshold", "evaluate", "parse_thresholds", "worst_at_least", "order"]
+__all__ = ["THRESHOLDS", "RULES", "Threshold", "evaluate", "parse_thresholds", "worst_at_least", "at_least", "order"]
 
 
 class Threshold(NamedTuple):
@@ -155,8 +156,16 @@ class _Context:
         self.launch_bound: Finding | None = None
 
 
-def _finding(id: str, severity: str, title: str, at_stake_ns: int, remedy: str, **evidence: Any) -> Finding:
-    return Finding(id=id, severity=severity, title=title, evidence={"at_stake_ns": int(at_stake_ns), **evidence}, remedy=remedy)
+def _finding(
+    id: str, severity: str, title: str, at_stake_ns: int, remedy: str, *, asks_nothing: bool = False,
+    measured: bool = True, **evidence: Any
+) -> Finding:
+    """A finding; one that asks something (not info) ends its remedy with the ``gpuprobe try`` variant that
+    measures it, unless ``measured`` is false (the remedy is not what that variant changes)."""
+    if severity != "info" and measured:
+        remedy = " ".join(filter(None, [remedy, remedy_line(id)]))
+    return Finding(id=id, severity=severity, title=title, evidence={"at_stake_ns": int(at_stake_ns), **evidence},
+                   remedy=remedy, asks_nothing=asks_nothing)
 
 
 def _offenders(
@@ -224,6 +233,7 @@ def _stop_check_finding(calls: int, per_step: float | None, blocked_ns: int, wou
         f"Only generate's stopping check {verb}, once per step, in its loop between the components: expected",
         0,
         _STOP_CHECK_REMEDY,
+        asks_nothing=True,
         calls=0 if would else calls,
         per_step=per_step,
         blocked_ns=0 if would else blocked_ns,
@@ -488,6 +498,7 @@ def launch_bound(c: _Context) -> Finding | None:
             "(profile with with_stack=True, or py-spy); move it off the step's path (DataLoader workers, "
             "pinned prefetch). CUDA graphs help only once launching is what the host spends its time on."
             + (" " + _profiler_note(c.ev.cpu_ops_per_step) if c.ev.profiler else ""),
+            measured=False,  # the host's own work, which a compiled step does not remove
             **evidence,
         )
         return finding  # not launch-bound: cuda_graphs and small_kernels do not build on it
@@ -770,6 +781,7 @@ def cuda_graphs(c: _Context) -> Finding | None:
             title,
             0,
             remedy,
+            asks_nothing=True,  # the replays themselves; what remains outside them is launch_bound's
             graph_launches=ev.graph_launches,
             per_step=per_step,
             node_ops=ev.graph_node_ops,
@@ -895,7 +907,12 @@ def evaluate(report: Report, ev: Evidence, thresholds: dict[str, float]) -> list
     return order(found)
 
 
-def worst_at_least(findings: list[Finding], severity: str) -> bool:
-    """Whether some finding is at least as severe as ``severity``."""
+def at_least(findings: list[Finding], severity: str) -> list[Finding]:
+    """The findings at least as severe as ``severity`` that ask something of the user (a CI gate's)."""
     rank = {s: i for i, s in enumerate(SEVERITIES)}
-    return any(rank[f.severity] >= rank[severity] for f in findings)
+    return [f for f in findings if rank[f.severity] >= rank[severity] and not f.asks_nothing]
+
+
+def worst_at_least(findings: list[Finding], severity: str) -> bool:
+    """Whether some finding that asks something of the user is at least as severe as ``severity``."""
+    return bool(at_least(findings, severity))

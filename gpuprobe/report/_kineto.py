@@ -27,6 +27,7 @@ the caller's frames), at most :data:`MAX_DEPTH` levels for ijson; integers of at
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import sys
@@ -56,8 +57,17 @@ __all__ = [
     "iter_raw_text",
     "iter_raw_ijson",
     "to_event",
+    "cpu_op_counts",
+    "COUNTED_OPS",
+    "CAT_KIND",
+    "NO_ARGS",
+    "record_types",
     "typed_decoder",
     "TraceFormatError",
+    "TruncatedTrace",
+    "BoundaryMissed",
+    "Part",
+    "open_part",
     "MalformedEventError",
     "DurationReadAsZero",
     "MAX_VALUE_CHARS",
@@ -82,6 +92,57 @@ _BOM = "\ufeff"
 
 class TraceFormatError(Exception):
     """The stream is not a readable kineto trace; the message says why."""
+
+
+class TruncatedTrace(TraceFormatError):
+    """The stream ends inside a value, or where one was expected."""
+
+
+class BoundaryMissed(Exception):
+    """The head of a split trace (:class:`Part`) does not end where an element of ``traceEvents`` starts."""
+
+
+class Part:
+    """A part of a plain kineto file, for a pass split over processes at byte ``at``, the start of an
+    element of ``traceEvents`` (where the caller believes one starts).
+
+    The head (``tail`` false) is the file up to ``at``: it must end where an element starts, else
+    reading it raises :class:`BoundaryMissed`. The tail starts there, inside ``traceEvents``, whose
+    top-level value is ``top`` (``"{"`` or ``"["``, the bare array of events); it reads the rest of
+    that array and of the top-level value. Positions in the errors of a tail count from ``at``.
+    """
+
+    __slots__ = ("tail", "at", "top")
+
+    def __init__(self, tail: bool, at: int, top: str = "{") -> None:
+        self.tail = tail
+        self.at = at
+        self.top = top
+
+
+class _Head(io.RawIOBase):
+    """The first ``size`` bytes of a binary file."""
+
+    def __init__(self, raw: IO[bytes], size: int) -> None:
+        self.raw = raw
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer)[: self.left]
+        n = self.raw.readinto(view)  # type: ignore[attr-defined]
+        self.left -= n
+        return n
+
+
+def open_part(raw: IO[bytes], part: Part) -> IO[bytes]:
+    """The bytes of ``part`` of the plain trace ``raw`` (a binary file at its start)."""
+    if part.tail:
+        raw.seek(part.at)
+        return raw
+    return io.BufferedReader(_Head(raw, part.at), _CHUNK)  # type: ignore[arg-type]
 
 
 class MalformedEventError(Exception):
@@ -130,7 +191,7 @@ def _no_constant(name: str) -> Any:
 class _Scanner:
     """A sliding text buffer over a stream, with positions in the whole stream for errors."""
 
-    __slots__ = ("read", "buf", "pos", "eof", "dropped", "on_chunk", "decode", "chunk", "blank")
+    __slots__ = ("read", "buf", "pos", "eof", "dropped", "on_chunk", "decode", "chunk", "blank", "head", "stopped")
 
     def __init__(self, stream: IO[str], on_chunk: Callable[[], None] | None, chunk: int = _CHUNK) -> None:
         self.read = stream.read
@@ -141,6 +202,8 @@ class _Scanner:
         self.dropped = 0
         self.blank = 0  # characters of the chunks read in a row that were white space only
         self.on_chunk = on_chunk
+        self.head = False  # reading the head of a Part: the stream ends where an element starts
+        self.stopped = False  # ... and it did
         self.decode = json.JSONDecoder(parse_float=FloatText, parse_constant=_no_constant).raw_decode
 
     def more(self, at_least: int = 0) -> bool:
@@ -180,7 +243,7 @@ class _Scanner:
     def expect(self, chars: str, what: str) -> str:
         ch = self.peek()
         if not ch:
-            raise TraceFormatError(f"truncated JSON: the file ends where {what} was expected")
+            raise TruncatedTrace(f"truncated JSON: the file ends where {what} was expected")
         if ch not in chars:
             raise TraceFormatError(f"invalid JSON at character {self.dropped + self.pos}: expected {what}")
         self.pos += 1
@@ -189,7 +252,7 @@ class _Scanner:
     def value(self) -> Any:
         """Decode one JSON value at the next position, reading more text as needed."""
         if not self.peek():
-            raise TraceFormatError("truncated JSON: the file ends where a value was expected")
+            raise TruncatedTrace("truncated JSON: the file ends where a value was expected")
         while True:
             buf = self.buf
             try:
@@ -202,7 +265,7 @@ class _Scanner:
                 if near_end and self.more(len(buf) - self.pos):
                     continue
                 if near_end:
-                    raise TraceFormatError("truncated JSON: the file ends inside a value") from None
+                    raise TruncatedTrace("truncated JSON: the file ends inside a value") from None
                 where = self.dropped + exc.pos
                 raise TraceFormatError(f"invalid JSON at character {where}: {exc.msg}") from None
             except ValueError as exc:  # not a JSONDecodeError: an integer past Python's digit limit
@@ -223,12 +286,13 @@ def iter_raw_text(
     on_chunk: Callable[[], None] | None = None,
     chunk: int = _CHUNK,
     typed: bool = False,
+    part: Part | None = None,
 ) -> Iterator[Any]:
     """Yield each element of ``traceEvents``; put the other top-level keys into ``meta``.
 
     The elements of :func:`iter_raw_batches`, one by one (arguments and errors as there).
     """
-    for batch in iter_raw_batches(stream, meta, on_chunk, chunk, typed):
+    for batch in iter_raw_batches(stream, meta, on_chunk, chunk, typed, part):
         yield from batch
 
 
@@ -238,6 +302,7 @@ def iter_raw_batches(
     on_chunk: Callable[[], None] | None = None,
     chunk: int = _CHUNK,
     typed: bool = False,
+    part: Part | None = None,
 ) -> Iterator[list[Any]]:
     """Yield the elements of ``traceEvents`` in lists, in order; put the other top-level keys into ``meta``.
 
@@ -251,11 +316,34 @@ def iter_raw_batches(
         typed: Decode batches with msgspec (:func:`typed_decoder`, which must be available): their
             elements come as records of the fields a report reads; the elements of a batch msgspec
             cannot type come as json's values, as without ``typed``.
+        part: Read a part of the trace only (``stream`` is that part): the elements of its head, or
+            of its tail and the top-level keys after them.
 
     Raises:
         TraceFormatError: Not JSON, truncated, or not an object with a ``traceEvents`` list.
+        BoundaryMissed: The head of a part does not end where an element of ``traceEvents`` starts.
     """
     sc = _Scanner(stream, on_chunk, chunk)
+    if part is not None and part.tail:
+        yield from _array_batches(sc, typed)
+        if part.top == "{":
+            yield from _object_rest(sc, meta, typed)
+        _expect_end(sc)
+        return
+    if part is not None:
+        sc.head = True
+        try:
+            yield from _whole(sc, meta, typed)
+        except TruncatedTrace:
+            raise BoundaryMissed() from None
+        if not sc.stopped:  # the array ended before the head did
+            raise BoundaryMissed()
+        return
+    yield from _whole(sc, meta, typed)
+
+
+def _whole(sc: _Scanner, meta: dict[str, Any], typed: bool) -> Iterator[list[Any]]:
+    """The top-level value from its start (a head stops inside ``traceEvents``)."""
     first = sc.peek()
     if first == _BOM and sc.pos == 0:  # a byte-order mark (Windows editors): not part of the JSON
         sc.pos = 1
@@ -266,28 +354,39 @@ def iter_raw_batches(
         sc.pos += 1
         meta["traceEvents"] = True
         yield from _array_batches(sc, typed)
-        _expect_end(sc)
+        if not sc.stopped:
+            _expect_end(sc)
         return
     if first != "{":
         raise TraceFormatError("not a trace: the top-level JSON value is not an object")
     sc.pos += 1
     if sc.peek() == "}":
         sc.pos += 1
-    else:
-        while True:
-            if sc.peek() != '"':
-                sc.expect('"', "a key")
-            key = sc.value()
-            sc.expect(":", "':'")
-            if key == "traceEvents" and sc.peek() == "[":
-                sc.pos += 1
-                meta["traceEvents"] = True
-                yield from _array_batches(sc, typed)
-            else:
-                meta[key] = sc.value()
-            if sc.expect(",}", "',' or '}'") == "}":
-                break
-    _expect_end(sc)
+        _expect_end(sc)
+        return
+    yield from _object_rest(sc, meta, typed, first=True)
+    if not sc.stopped:
+        _expect_end(sc)
+
+
+def _object_rest(sc: _Scanner, meta: dict[str, Any], typed: bool, first: bool = False) -> Iterator[list[Any]]:
+    """The keys of the top-level object from its first (``first``) or after a value (a comma or its end next)."""
+    while True:
+        if not first and sc.expect(",}", "',' or '}'") == "}":
+            return
+        first = False
+        if sc.peek() != '"':
+            sc.expect('"', "a key")
+        key = sc.value()
+        sc.expect(":", "':'")
+        if key == "traceEvents" and sc.peek() == "[":
+            sc.pos += 1
+            meta["traceEvents"] = True
+            yield from _array_batches(sc, typed)
+            if sc.stopped:
+                return
+        else:
+            meta[key] = sc.value()
 
 
 def _array_batches(sc: _Scanner, typed: bool) -> Iterator[list[Any]]:
@@ -298,6 +397,7 @@ def _array_batches(sc: _Scanner, typed: bool) -> Iterator[list[Any]]:
     decode_typed, typing_errors = typed_decoder() if typed else (None, ())
     ws = _WS.match
     misses = 0
+    batches = 0
     while True:
         buf = sc.buf
         pos = ws(buf, sc.pos).end()  # type: ignore[union-attr]
@@ -312,24 +412,28 @@ def _array_batches(sc: _Scanner, typed: bool) -> Iterator[list[Any]]:
         # keep the decoded elements young enough for the garbage collector: 1 MiB ones cost more than
         # they saved. A batch counts only if its text decodes to one array exactly — a "}," inside a
         # string or a nested object leaves a string or a bracket open — so a batch gives exactly what
-        # one-by-one decoding gives (tests/report/test_loaders.py checks the two against each other). A
-        # failed batch sends the rest of the buffer one by one; after _MISSES failures, the whole stream.
-        # msgspec, stricter than json, fails a batch on what json would read or reject differently
-        # (tests/report/test_loaders.py checks the engines against each other).
-        while misses < _MISSES and pos < safe:
-            cut = buf.rfind("},", pos, min(safe, pos + _BATCH))
-            if cut <= pos:
+        # one-by-one decoding gives (tests/report/test_loaders.py checks the two against each other).
+        # Why the cut is a "}," followed by "{": real kernel names hold "}," ("{lambda(int)#1}, at::...",
+        # in 0.3-1 % of the events of the real traces in tests/data), and a batch cut inside one fails.
+        # When every failure counted against the stream, four such names sent a whole real trace
+        # one element at a time through json: 2.1-2.7x the CPU of a synthetic trace of the same size.
+        # A batch msgspec cannot type (a value it reads or rejects differently from json) is decoded
+        # by json as a batch instead; only a batch neither can decode is a miss, and sends the rest of
+        # the buffer one by one; past _MISSES misses, and one miss per 64 batches, the whole stream.
+        while pos < safe and (misses < _MISSES or misses * 64 < batches):
+            cut = _cut(buf, pos, min(safe, pos + _BATCH))
+            if cut < 0:
                 break
             text = "[" + buf[pos : cut + 1] + "]"
+            batch = None
             if decode_typed is not None:
                 try:
                     batch = decode_typed(text)
                 except typing_errors:
-                    misses += 1
-                    break
+                    pass
                 except RecursionError:
                     raise _too_deep() from None
-            else:
+            if batch is None:
                 try:
                     batch, end = decode(text)
                 except ValueError:  # a JSONDecodeError, or an integer past the digit limit (said below)
@@ -339,6 +443,7 @@ def _array_batches(sc: _Scanner, typed: bool) -> Iterator[list[Any]]:
                 if end != len(text):  # not whole elements, or a "}," past the end of the list
                     misses += 1
                     break
+            batches += 1
             yield batch
             pos = ws(buf, cut + 2).end()  # type: ignore[union-attr]
         # why: elements that lie wholly inside the buffer skip the general (refilling) path;
@@ -377,9 +482,24 @@ def _array_batches(sc: _Scanner, typed: bool) -> Iterator[list[Any]]:
         if values:
             yield values
         sc.pos = pos
+        if sc.head and not sc.peek():  # the end of a head, where an element starts
+            sc.stopped = True
+            return
         yield [sc.value()]
         if sc.expect(",]", "',' or ']'") == "]":
             return
+
+
+def _cut(buf: str, pos: int, limit: int) -> int:
+    """The position of the last "}," in ``buf[pos:limit]`` followed by white space and "{" (the end
+    of an element another one follows), or -1."""
+    cut = buf.rfind("},", pos, limit)
+    while cut > pos:
+        after = _WS.match(buf, cut + 2).end()  # type: ignore[union-attr]
+        if after < len(buf) and buf[after] == "{":
+            return cut
+        cut = buf.rfind("},", pos, cut)
+    return -1
 
 
 def _expect_end(sc: _Scanner) -> None:
@@ -553,7 +673,7 @@ def _ijson() -> tuple[Any, Any]:
         return ijson, ijson.common
 
 
-_CAT_KIND = {
+CAT_KIND = {
     "kernel": KERNEL,
     "Kernel": KERNEL,
     "gpu_memcpy": MEMCPY,
@@ -611,9 +731,14 @@ class ArgFields:
         self.dims = get("Input Dims")
 
 
-_NO_ARGS = ArgFields({})
+NO_ARGS = ArgFields({})
 _TYPED: list[Any] = []  # [(decode, errors)] once msgspec is imported; [None] without it
 _RECORD_TYPES: set[type] = set()  # types to_event reads as records
+
+
+def record_types() -> frozenset[type]:
+    """The types of the records :func:`typed_decoder` decodes (none before it is first called)."""
+    return frozenset(_RECORD_TYPES)
 
 
 def typed_decoder() -> tuple[Callable[[str], list[Any]], tuple[type[Exception], ...]] | tuple[None, tuple[()]]:
@@ -703,7 +828,7 @@ def to_event(raw: Any, clamp: bool = False) -> Event | None:
     cat = raw.cat
     if type(cat) is not str:
         return None
-    kind = _CAT_KIND.get(cat)
+    kind = CAT_KIND.get(cat)
     if kind is None:
         return None
     name = raw.name
@@ -737,23 +862,15 @@ def to_event(raw: Any, clamp: bool = False) -> Event | None:
         raise MalformedEventError(BAD_THREAD)
     args = raw.args
     if args is None:
-        args = _NO_ARGS
+        args = NO_ARGS
     # why: Event is built from positional arguments (its field order: kind, name, start_ns, dur_ns,
     # pid, tid, correlation, nbytes, stream, device, direction), once per event: 0.22 µs against 0.68 µs
     # with keywords
     if kind is CPU_OP:
-        flops = args.flops
-        if flops is None and name in _FLOP_OPS:  # torch 2.x exports shapes, not its FLOP counts
-            count = _flops_from_shapes(name, args.dims)
-            flops = count if count >= 0 else None
-        if name in CONCAT_OPS:  # with record_shapes, the elements it concatenates
-            elements = _input_elements(args.dims)
-            return Event(
-                kind, name, start, dur, pid, tid, -1, -1, -1, -1, "", -1 if flops is None else _flops(flops), elements
-            )
-        if flops is None:
+        if args.flops is None and name not in COUNTED_OPS:
             return Event(kind, name, start, dur, pid, tid)
-        return Event(kind, name, start, dur, pid, tid, -1, -1, -1, -1, "", _flops(flops))
+        flops, elements = cpu_op_counts(name, args)
+        return Event(kind, name, start, dur, pid, tid, -1, -1, -1, -1, "", flops, elements)
     if kind is RANGE or kind is PYTHON or kind is GPU_RANGE:
         return Event(kind, name, start, dur, pid, tid)
     corr = int_or(args.correlation)
@@ -773,6 +890,22 @@ _GEMM_FLOPS = {"aten::mm": (0, False), "aten::addmm": (1, False), "aten::bmm": (
 # elementwise operators torch.profiler counts: one FLOP per element of the first input
 _ELEMENTWISE_FLOPS = frozenset({"aten::add", "aten::mul"})
 _FLOP_OPS = frozenset(_GEMM_FLOPS) | _ELEMENTWISE_FLOPS
+#: CPU operators whose FLOPs or input elements are counted from their shapes when kineto gives no FLOPs.
+COUNTED_OPS = _FLOP_OPS | CONCAT_OPS
+
+
+def cpu_op_counts(name: str, args: Any) -> tuple[int, int]:
+    """The FLOPs and input elements of a CPU operator (each -1 if unknown), from its ``args``
+    (:class:`ArgFields` or a record's): kineto's ``flops``, else (torch 2.x exports shapes, not its
+    FLOP counts) torch.profiler's formulas over ``Input Dims``; the elements a concatenation
+    (``aten::cat``, recorded with shapes) gathers.
+    """
+    flops = args.flops
+    if flops is None and name in _FLOP_OPS:
+        count = _flops_from_shapes(name, args.dims)
+        flops = count if count >= 0 else None
+    elements = _input_elements(args.dims) if name in CONCAT_OPS else -1
+    return (-1 if flops is None else _flops(flops)), elements
 
 
 def _flops_from_shapes(name: str, dims: Any) -> int:

@@ -18,7 +18,7 @@ from gpuprobe._files import write_file_atomic
 from gpuprobe._kernel_names import CATEGORIES
 from gpuprobe.errors import ConfigError
 from gpuprobe.report._tables import Table, format_ns, write
-from gpuprobe.report.sections import table_order
+from gpuprobe.report.sections import GPU_ONLY, table_order
 
 if TYPE_CHECKING:
     from gpuprobe.report._diff import DiffReport
@@ -30,12 +30,25 @@ __all__ = ["render", "plot", "FORMATS", "format_ns"]
 FORMATS: tuple[str, ...] = ("text", "md", "json", "csv")
 
 
-def report_tables(report: Report, markdown: bool = False) -> list[Table]:
-    """The tables of every section the report holds, in table order."""
+def no_gpu_activity(report: Report) -> bool:
+    """Whether the trace holds no GPU activity at all: no GPU operation and no launch (a CPU trace, or the
+    program's own profiler without CUDA activity). A trace with launches but no GPU records is a broken
+    capture, whose launch tables still tell something."""
+    return not report.summary.gpu_op_count and not report.summary.launch_count
+
+
+def report_tables(report: Report, markdown: bool = False, every: bool = False) -> list[Table]:
+    """The tables of every section the report holds, in table order.
+
+    Without GPU activity, the sections made of GPU records (:data:`~gpuprobe.report.sections.GPU_ONLY`)
+    are left out, unless ``every`` (CSV): the summary's warning says it once, instead of a table of
+    "(none)" each.
+    """
     tables: list[Table] = []
+    skip = GPU_ONLY if not every and no_gpu_activity(report) else frozenset()
     for section in table_order():
         data = getattr(report, section.name)
-        if data is not None:
+        if data is not None and section.name not in skip:
             tables.extend(section.tables(data, markdown))
     return tables
 
@@ -64,7 +77,9 @@ def render(report: Report | DiffReport, fmt: str = "text", top: int = 20) -> str
     from gpuprobe.report._diff import DiffReport
 
     markdown = fmt == "md"
-    tables = report.tables(markdown) if isinstance(report, DiffReport) else report_tables(report, markdown)
+    tables = (
+        report.tables(markdown) if isinstance(report, DiffReport) else report_tables(report, markdown, fmt == "csv")
+    )
     return write(tables, fmt, top)
 
 

@@ -13,10 +13,22 @@ import bisect
 import enum
 import heapq
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
-from gpuprobe._kernel_names import graph_launch_api, host_sync_api, launch_api_kind
-from gpuprobe.report._events import CPU_OP, GPU_SYNC, KERNEL, MEMCPY, MEMSET, RANGE, RUNTIME, Event
+from gpuprobe._kernel_names import graph_launch_api, host_sync_api, launch_api_kind, memcpy_direction
+from gpuprobe.report._events import CPU_OP, GPU_SYNC, KERNEL, LIMIT, MEMCPY, MEMSET, RANGE, RUNTIME, Event, FloatText
+from gpuprobe.report._kineto import (
+    CAT_KIND,
+    COUNTED_OPS,
+    NO_ARGS,
+    DurationReadAsZero,
+    MalformedEventError,
+    cpu_op_counts,
+    record_types,
+    to_event,
+    typed_decoder,
+)
 
 __all__ = [
     "GpuOpKind",
@@ -321,6 +333,17 @@ class TraceScan:
 
     def consume(self, events: Iterable[Event]) -> None:
         """Fold events into the columns and aggregates (any order)."""
+        self.consume_raw((events,))
+
+    def consume_raw(self, batches: Iterable[Iterable[Any]], refused: Refused | None = None) -> None:
+        """Fold lists of kineto elements of ``traceEvents`` (msgspec's records or json's values, as
+        :meth:`gpuprobe.report.loaders.Trace.raw_batches` yields them) or :class:`Event` objects.
+
+        The same as :meth:`consume` of the events :func:`~gpuprobe.report._kineto.to_event` makes of
+        the elements (its twin, tested against it), without making them: a record of the usual shape
+        goes straight into the columns; anything else goes through ``to_event``, and an element it
+        refuses to ``refused`` (which returns the event to fold instead, or None).
+        """
         gpu_names = self.gpu_names
         range_names = self.range_names
         threads = self.threads
@@ -357,118 +380,243 @@ class TraceScan:
         seq = len(longest)
         op_kind_of_event = _OP_KIND_OF_EVENT
         launch_kinds = _LAUNCH_KINDS
-        for ev in events:
-            kind = ev.kind
-            start = ev.start_ns
-            dur = ev.dur_ns
-            if start < first:
-                first = start
-            if start + dur > last:
-                last = start + dur
-            counts[kind] = counts.get(kind, 0) + 1
-            code = op_kind_of_event.get(kind)
-            if code is not None:
-                name = ev.name
-                nid = gpu_names.get(name)
-                if nid is None:
-                    nid = gpu_names[name] = len(gpu_names)
-                corr = ev.correlation
-                if by_process and 0 <= corr < 0x80000000 and type(ev.pid) is int:
-                    corr |= (ev.pid & 0x3FFFFFFF) << 32  # the process in the high bits
-                op_kind(code)
-                op_name(nid)
-                op_start(start)
-                op_dur(dur)
-                op_corr(corr)
-                op_bytes(ev.nbytes)
-                direction = ev.direction
-                did = directions.get(direction)
-                if did is None:
-                    did = directions[direction] = len(directions)
-                op_direction(did)
-                where = (ev.device, ev.stream)
-                sid = streams.get(where)
-                if sid is None:
-                    sid = streams[where] = len(streams)
-                op_stream(sid)
-            elif kind == RUNTIME or kind == CPU_OP:
-                # Runtime calls and CPU operators: count, total and longest per name, and the
-                # longest events overall. Inline, not a helper: this loop runs once per event.
-                name = ev.name
-                table = api_calls if kind == RUNTIME else cpu_ops
-                stat = table.get(name)
-                if stat is None:
-                    stat = table[name] = NameStat(dur, len(table))
-                else:
-                    stat.count += 1
-                    stat.total_ns += dur
-                    if dur > stat.max_ns:
-                        stat.max_ns = dur
-                if len(longest) < keep_longest:
-                    seq += 1
-                    heapq.heappush(longest, (dur, seq, kind, name, start, _thread_label(ev.pid, ev.tid)))
-                elif dur > longest[0][0]:  # longer than the shortest kept
-                    seq += 1
-                    heapq.heapreplace(longest, (dur, seq, kind, name, start, _thread_label(ev.pid, ev.tid)))
-                pid, tid_ = ev.pid, ev.tid
-                if pid != last_pid or tid_ != last_tid:  # why: events of a thread come in runs
-                    key = (pid, tid_)
-                    tid = threads.get(key)
-                    if tid is None:
-                        tid = threads[key] = len(threads)
-                    last_pid, last_tid, last_thread = pid, tid_, tid
-                else:
-                    tid = last_thread
-                if kind == CPU_OP:
-                    if ev.flops >= 0:
-                        cpu_flops(len(cpu.start), ev.flops)
-                    if ev.elements >= 0:
-                        cpu_elements(len(cpu.start), ev.elements)
-                    cpu_name(stat.id)
-                    cpu_start(start)
-                    cpu_dur(dur)
-                    cpu_thread(tid)
-                    continue
-                api_kind = launch_api_kind(name)
-                if api_kind in launch_kinds:
-                    corr = ev.correlation
-                    if by_process and 0 <= corr < 0x80000000 and type(ev.pid) is int:
-                        corr |= (ev.pid & 0x3FFFFFFF) << 32
-                    launch_start(start)
-                    launch_dur(dur)
-                    launch_corr(corr)
-                    launch_thread(tid)
-                    if api_kind == "kernel" and graph_launch_api(name):
-                        graphs.start.append(start)
-                        graphs.thread_id.append(tid)
-                        graphs.corr.append(corr)
-                # a synchronous copy (cudaMemcpy) is a launch and a sync at once
-                if api_kind == _SYNC or (api_kind == "memcpy" and host_sync_api(name)):
-                    nid = api_names.get(name)
+        # the kineto fast path
+        typed_decoder()  # defines the record types
+        records = record_types()
+        record = next(iter(records)) if len(records) == 1 else None
+        event_type = Event
+        cat_kind = CAT_KIND
+        float_text = FloatText
+        no_args = NO_ARGS
+        counted_ops = COUNTED_OPS
+        limit = LIMIT
+        slow = _slow_path(refused)
+        for batch in batches:
+            for ev in batch:
+                # ------------------------------------------------------------ the event's fields
+                # Why records here and not Event objects: building an Event and reading it back cost
+                # half of a real trace's pass (measured in benchmarks/report/RESULTS.md). A record of the
+                # usual shape (an "X" event of a known category with a name, times as integers or
+                # literals of up to three decimals, in range, a duration of 0 or more, a pid and tid
+                # that are integers or strings) is read here; every other element takes to_event.
+                t = type(ev)
+                fast = False
+                if t is record:
+                    if ev.ph != "X":
+                        continue
+                    cat = ev.cat
+                    if type(cat) is not str:
+                        continue
+                    kind = cat_kind.get(cat)
+                    if kind is None:
+                        continue
+                    name = ev.name
+                    pid = ev.pid
+                    tid = ev.tid
+                    ts = ev.ts
+                    d = ev.dur
+                    start = dur = -1
+                    # us_to_ns inline: an integer, or a literal of up to three decimals shifted as text
+                    if type(ts) is int:
+                        start = ts * 1000
+                    elif type(ts) is float_text:
+                        dot = ts.find(".")
+                        if dot > 0 and len(ts) - dot <= 4:
+                            try:
+                                start = int(ts[:dot] + ts[dot + 1 :] + "00"[: dot + 4 - len(ts)])
+                            except ValueError:  # an exponent
+                                start = limit
+                        else:
+                            start = limit
+                    else:
+                        start = limit
+                    if type(d) is int:
+                        dur = d * 1000
+                    elif type(d) is float_text:
+                        dot = d.find(".")
+                        if dot > 0 and len(d) - dot <= 4:
+                            try:
+                                dur = int(d[:dot] + d[dot + 1 :] + "00"[: dot + 4 - len(d)])
+                            except ValueError:
+                                dur = -1
+                    fast = (
+                        type(name) is str
+                        and -limit < start < limit
+                        and 0 <= dur < limit
+                        and start + dur < limit
+                        and (type(pid) is int or type(pid) is str)
+                        and (type(tid) is int or type(tid) is str)
+                    )
+                    if fast:
+                        args = ev.args
+                        if args is None:
+                            args = no_args
+                if not fast:
+                    if t is not event_type:
+                        ev = slow(ev)
+                        if ev is None:
+                            continue
+                    kind = ev.kind
+                    name = ev.name
+                    start = ev.start_ns
+                    dur = ev.dur_ns
+                    pid = ev.pid
+                    tid = ev.tid
+                # ------------------------------------------------------------ into the columns
+                if start < first:
+                    first = start
+                if start + dur > last:
+                    last = start + dur
+                counts[kind] = counts.get(kind, 0) + 1
+                code = op_kind_of_event.get(kind)
+                if code is not None:
+                    if fast:
+                        c = args.correlation
+                        corr = c if type(c) is int and -limit < c < limit else -1
+                        c = args.stream
+                        stream = c if type(c) is int and -limit < c < limit else (tid if type(tid) is int else -1)
+                        c = args.device
+                        device = c if type(c) is int and -limit < c < limit else (pid if type(pid) is int else -1)
+                        if kind is KERNEL:
+                            nbytes = -1
+                            direction = ""
+                        else:
+                            c = args.nbytes
+                            nbytes = c if type(c) is int and -limit < c < limit else -1
+                            direction = memcpy_direction(name) if kind is MEMCPY else ""
+                    else:
+                        corr = ev.correlation
+                        nbytes = ev.nbytes
+                        direction = ev.direction
+                        stream = ev.stream
+                        device = ev.device
+                    nid = gpu_names.get(name)
                     if nid is None:
-                        nid = api_names[name] = len(api_names)
-                    sync_start(start)
-                    sync_dur(dur)
-                    sync_thread(tid)
-                    sync_name(nid)
-            elif kind == GPU_SYNC:
-                gpu_syncs[0] += 1
-                gpu_syncs[1] += dur
-            elif kind == RANGE:
-                name = ev.name
-                nid = range_names.get(name)
-                if nid is None:
-                    nid = range_names[name] = len(range_names)
-                key = (ev.pid, ev.tid)
-                tid = threads.get(key)
-                if tid is None:
-                    tid = threads[key] = len(threads)
-                range_name(nid)
-                range_start(start)
-                range_dur(dur)
-                range_thread(tid)
+                        nid = gpu_names[name] = len(gpu_names)
+                    if by_process and 0 <= corr < 0x80000000 and type(pid) is int:
+                        corr |= (pid & 0x3FFFFFFF) << 32  # the process in the high bits
+                    op_kind(code)
+                    op_name(nid)
+                    op_start(start)
+                    op_dur(dur)
+                    op_corr(corr)
+                    op_bytes(nbytes)
+                    did = directions.get(direction)
+                    if did is None:
+                        did = directions[direction] = len(directions)
+                    op_direction(did)
+                    where = (device, stream)
+                    sid = streams.get(where)
+                    if sid is None:
+                        sid = streams[where] = len(streams)
+                    op_stream(sid)
+                elif kind == RUNTIME or kind == CPU_OP:
+                    # Runtime calls and CPU operators: count, total and longest per name, and the
+                    # longest events overall. Inline, not a helper: this loop runs once per event.
+                    table = api_calls if kind == RUNTIME else cpu_ops
+                    stat = table.get(name)
+                    if stat is None:
+                        stat = table[name] = NameStat(dur, len(table))
+                    else:
+                        stat.count += 1
+                        stat.total_ns += dur
+                        if dur > stat.max_ns:
+                            stat.max_ns = dur
+                    if len(longest) < keep_longest:
+                        seq += 1
+                        heapq.heappush(longest, (dur, seq, kind, name, start, _thread_label(pid, tid)))
+                    elif dur > longest[0][0]:  # longer than the shortest kept
+                        seq += 1
+                        heapq.heapreplace(longest, (dur, seq, kind, name, start, _thread_label(pid, tid)))
+                    if pid != last_pid or tid != last_tid:  # why: events of a thread come in runs
+                        key = (pid, tid)
+                        thread = threads.get(key)
+                        if thread is None:
+                            thread = threads[key] = len(threads)
+                        last_pid, last_tid, last_thread = pid, tid, thread
+                    else:
+                        thread = last_thread
+                    if kind == CPU_OP:
+                        if fast:
+                            if args.flops is None and name not in counted_ops:
+                                flops = elements = -1
+                            else:
+                                flops, elements = cpu_op_counts(name, args)
+                        else:
+                            flops = ev.flops
+                            elements = ev.elements
+                        if flops >= 0:
+                            cpu_flops(len(cpu.start), flops)
+                        if elements >= 0:
+                            cpu_elements(len(cpu.start), elements)
+                        cpu_name(stat.id)
+                        cpu_start(start)
+                        cpu_dur(dur)
+                        cpu_thread(thread)
+                        continue
+                    if fast:
+                        c = args.correlation
+                        corr = c if type(c) is int and -limit < c < limit else -1
+                    else:
+                        corr = ev.correlation
+                    api_kind = launch_api_kind(name)
+                    if api_kind in launch_kinds:
+                        if by_process and 0 <= corr < 0x80000000 and type(pid) is int:
+                            corr |= (pid & 0x3FFFFFFF) << 32
+                        launch_start(start)
+                        launch_dur(dur)
+                        launch_corr(corr)
+                        launch_thread(thread)
+                        if api_kind == "kernel" and graph_launch_api(name):
+                            graphs.start.append(start)
+                            graphs.thread_id.append(thread)
+                            graphs.corr.append(corr)
+                    # a synchronous copy (cudaMemcpy) is a launch and a sync at once
+                    if api_kind == _SYNC or (api_kind == "memcpy" and host_sync_api(name)):
+                        nid = api_names.get(name)
+                        if nid is None:
+                            nid = api_names[name] = len(api_names)
+                        sync_start(start)
+                        sync_dur(dur)
+                        sync_thread(thread)
+                        sync_name(nid)
+                elif kind == GPU_SYNC:
+                    gpu_syncs[0] += 1
+                    gpu_syncs[1] += dur
+                elif kind == RANGE:
+                    nid = range_names.get(name)
+                    if nid is None:
+                        nid = range_names[name] = len(range_names)
+                    key = (pid, tid)
+                    thread = threads.get(key)
+                    if thread is None:
+                        thread = threads[key] = len(threads)
+                    range_name(nid)
+                    range_start(start)
+                    range_dur(dur)
+                    range_thread(thread)
         if counts:
             self.first_ns, self.last_ns = first, last
+
+
+#: What a pass does with an element :func:`~gpuprobe.report._kineto.to_event` refuses: the event to
+#: fold instead, or None (``Trace.refused``, which counts it).
+Refused = Callable[[Any, Exception], "Event | None"]
+
+
+def _slow_path(refused: Refused | None) -> Callable[[Any], Event | None]:
+    """to_event, with the elements it refuses handed to ``refused`` (raised without one)."""
+    if refused is None:
+        return to_event
+    errors = (MalformedEventError, DurationReadAsZero)
+
+    def slow(raw: Any) -> Event | None:
+        try:
+            return to_event(raw)
+        except errors as exc:
+            return refused(raw, exc)
+
+    return slow
 
 
 def _thread_label(pid: object, tid: object) -> str:

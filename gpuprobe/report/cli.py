@@ -8,7 +8,8 @@ Exit status:
   problem, never a traceback.
 - 1: an internal error of gpuprobe (any other exception): a short message asks for a bug report
   with the command line and versions; ``--debug`` adds the traceback.
-- 3: ``--fail-on SEVERITY`` and a finding of that severity or worse is present (the report is
+- 3: ``--fail-on SEVERITY`` and a finding of that severity or worse that asks something of the user
+  is present (not one whose ``asks_nothing`` is true, such as an expected pattern; the report is
   still written).
 - 130: interrupted.
 """
@@ -32,7 +33,7 @@ from gpuprobe.report._analysis import analyze
 from gpuprobe.report._diff import NORMALIZE, diff
 from gpuprobe.report._errors import ReportInputError
 from gpuprobe.report._executors import EXECUTOR_HELP, is_local, open_executor
-from gpuprobe.report._findings import THRESHOLDS, worst_at_least
+from gpuprobe.report._findings import THRESHOLDS, at_least
 from gpuprobe.report._ranks import analyze_ranks, several_ranks
 from gpuprobe.report._render import FORMATS, plot, render
 from gpuprobe.report.loaders import ENGINES, ncu_format
@@ -241,8 +242,8 @@ def _run(prog: str, argv: list[str], debug: bool, work: Callable[[], int]) -> in
 
 
 def _gate(fail_on: str | None, findings: list[Any]) -> int:
-    if fail_on and worst_at_least(findings, fail_on):
-        worst = [f for f in findings if SEVERITIES.index(f.severity) >= SEVERITIES.index(fail_on)]
+    worst = at_least(findings, fail_on) if fail_on else []
+    if worst:  # a finding that asks nothing of the user (an expected pattern) never fails the gate
         sys.stderr.write(
             f"gpuprobe: {len(worst)} finding(s) at or above {fail_on}: {', '.join(sorted({f.id for f in worst}))}\n"
         )

@@ -23,10 +23,12 @@ from gpuprobe.report._events import Event, TraceInfo
 from gpuprobe.report._kineto import (
     DurationReadAsZero,
     MalformedEventError,
+    Part,
     TraceFormatError,
     iter_raw_ijson,
     iter_raw_batches,
     number_to_int,
+    open_part,
     to_event,
     typed_available,
 )
@@ -76,15 +78,43 @@ class Trace:
         self.info = TraceInfo(self.info.source)
         if self.format == "nsys-sqlite":
             yield from self._nsys_events(progress)
-        else:
-            yield from self._kineto_events(progress)
+            return
+        refused = self.refused
+        for batch in self.raw_batches(progress):
+            for item in batch:
+                try:
+                    event = to_event(item)
+                except (MalformedEventError, DurationReadAsZero) as exc:  # rare: counted, said
+                    event = refused(item, exc)
+                if event is not None:
+                    yield event
 
     def _fail(self, problem: str) -> ReportInputError:
         return ReportInputError(self.path, problem)
 
-    def _kineto_events(self, progress: Progress | None) -> Iterator[Event]:
-        meta: dict[str, Any] = {}
-        info = self.info
+    def raw_batches(
+        self, progress: Progress | None = None, part: Part | None = None, meta: dict[str, Any] | None = None
+    ) -> Iterator[list[Any]]:
+        """Stream the elements of a kineto trace's ``traceEvents`` in lists, as :func:`to_event` reads them
+        (the fast path of a report's pass; :meth:`events` is built on it).
+
+        The caller turns each element into an event with :func:`to_event` and hands every element it
+        refuses to :meth:`refused`; :attr:`info` is complete once the stream is exhausted.
+
+        Args:
+            progress: As for :meth:`events`.
+            part: Read only this part of a plain (not gzip) trace, with the ``msgspec`` or ``stdlib``
+                engine; the caller then completes :attr:`info` with :meth:`finish`.
+            meta: Filled with the top-level keys other than ``traceEvents`` (a part's own).
+
+        Raises:
+            ReportInputError: As for :meth:`events`.
+            gpuprobe.report._kineto.BoundaryMissed: The head of ``part`` does not end where an element starts.
+        """
+        if part is None:
+            self.info = TraceInfo(self.info.source)
+        self._zeroed: dict[str, int] = {}
+        meta = {} if meta is None else meta
         with open(self.path, "rb") as raw:
             on_chunk = None
             if progress is not None:
@@ -94,25 +124,16 @@ class Trace:
                     progress(raw.tell(), total)
 
             binary: Any = gzip.GzipFile(fileobj=raw, mode="rb") if self.format == "kineto-gzip" else raw
+            if part is not None:
+                if self.format != "kineto-json" or self.engine == "ijson":
+                    raise ValueError("only a plain kineto trace read by msgspec or json can be read in parts")
+                binary = open_part(raw, part)
             try:
-                batches: Iterator[Any]
                 if self.engine == "ijson":
-                    batches = ((item,) for item in iter_raw_ijson(binary, meta, on_chunk))
+                    yield from ([item] for item in iter_raw_ijson(binary, meta, on_chunk))
                 else:
                     text = io.TextIOWrapper(binary, encoding="utf-8", errors="strict", newline="")
-                    batches = iter_raw_batches(text, meta, on_chunk, typed=self.engine == "msgspec")
-                zeroed: dict[str, int] = {}
-                for batch in batches:
-                    for item in batch:
-                        try:
-                            event = to_event(item)
-                        except (MalformedEventError, DurationReadAsZero) as exc:  # rare: counted, said
-                            event = _counted(item, exc, info, zeroed)
-                        if event is not None:
-                            yield event
-                info.notes.extend(
-                    f"{n:,} event{'s have' if n != 1 else ' has'} {reason}: read as 0 ns" for reason, n in zeroed.items()
-                )
+                    yield from iter_raw_batches(text, meta, on_chunk, typed=self.engine == "msgspec", part=part)
             except TraceFormatError as exc:
                 raise self._fail(str(exc)) from None
             except EOFError:
@@ -123,6 +144,29 @@ class Trace:
                 raise self._fail(f"not UTF-8 text at byte {exc.start}: not a JSON trace") from None
             except OSError as exc:
                 raise self._fail(f"cannot read: {exc.strerror or exc}") from None
+        if part is None:
+            self.finish(meta)
+
+    def refused(self, item: Any, exc: MalformedEventError | DurationReadAsZero) -> Event | None:
+        """The event of an element :func:`to_event` refused: None and a count of it as skipped, or (a
+        duration read as 0 ns) the event and a count of that."""
+        return _counted(item, exc, self.info, self._zeroed)
+
+    def zeroed(self) -> dict[str, int]:
+        """Events whose duration was read as 0 ns so far, by reason (in order of first sighting)."""
+        return self._zeroed
+
+    def finish(self, meta: dict[str, Any]) -> None:
+        """Complete :attr:`info` after :meth:`raw_batches`: the durations read as 0 ns, and what the
+        top-level keys ``meta`` say (the notes in that order).
+
+        Raises:
+            ReportInputError: ``meta`` has no ``traceEvents`` list.
+        """
+        info = self.info
+        info.notes.extend(
+            f"{n:,} event{'s have' if n != 1 else ' has'} {reason}: read as 0 ns" for reason, n in self._zeroed.items()
+        )
         if meta.get("traceEvents") is not True:
             if "traceEvents" in meta:
                 raise self._fail("not a kineto trace: 'traceEvents' is not a list")

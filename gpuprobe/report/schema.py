@@ -114,5 +114,5 @@ class Report:
             value = getattr(self, name)
             if value is None:
                 continue
-            out[name] = [dataclasses.asdict(f) for f in value] if name == "findings" else dataclasses.asdict(value)
+            out[name] = [f.to_dict() for f in value] if name == "findings" else dataclasses.asdict(value)
         return out

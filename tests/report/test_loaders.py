@@ -263,11 +263,11 @@ def test_batches_give_the_elements_one_by_one_decoding_gives(indent: int | None)
 
 
 def test_a_comma_after_a_brace_inside_a_string_fails_its_batch_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Each event ends with a string holding "},": a batch cut there leaves the string open and fails;
-    # those elements are read one by one, and the result is the same.
+    # Each event ends with a string holding "}, {" (what an element boundary looks like): a batch cut
+    # there leaves the string open and fails; those elements are read one by one, and the result is the same.
     from gpuprobe.report import _kineto
 
-    events = [{"ph": "X", "args": {"a": {"b": 1}, "c": i}, "name": "k}," * (1 + i % 3)} for i in range(5000)]
+    events = [{"ph": "X", "args": {"a": {"b": 1}, "c": i}, "name": "k}, {" * (1 + i % 3)} for i in range(5000)]
     text = json.dumps({"traceEvents": events}, separators=(",", ":"))
     failed = []
     decode = _kineto.json.JSONDecoder.raw_decode

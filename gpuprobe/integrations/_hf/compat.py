@@ -21,7 +21,10 @@ __all__ = ["SUPPORTED_VERSIONS", "TESTED_VERSION", "UnsupportedVersionError", "U
            "import_transformers", "parse_version", "check_version", "check_model", "fits", "input_device",
            "input_tokens", "input_width", "read_loop", "peer_finished", "steps_undone", "loop_rows", "speculative_method",
            "draft_length", "decoding_module", "model_output_cache", "cache_bytes",
-           "continuous_batching_classes",
+           "model_names", "is_encoder_decoder", "device_map_devices", "block_class_names", "text_config_fields",
+           "output_embeddings", "computes_all_logits", "stock_criteria_call",
+           "continuous_batching_classes", "manager_parts", "processor_parts", "request_counts", "scheduled_rows",
+           "waiting_or_running", "output_fields", "output_ended",
            "request_statuses", "ends_with_eos", "paged_cache_geometry", "used_blocks", "processor_placement"]
 
 # -- versions and models ---------------------------------------------------------------------------
@@ -122,6 +125,75 @@ def fits(obj: Any, seams: tuple[_seams.Seam, ...]) -> bool:
             seam.refuse(f"the object that should have {seam.attribute} is missing or has no __dict__")
         return False
     return all(seam.check(obj) is None for seam in seams)
+
+
+# -- a model's own description ----------------------------------------------------------------------
+
+def model_names(model: Any) -> tuple[str, str]:
+    """``(name_or_path, model_type)`` of a model's config (empty strings where it has none)."""
+    cfg = getattr(model, "config", None)
+    return str(getattr(cfg, "name_or_path", "") or ""), str(getattr(cfg, "model_type", "") or "")
+
+
+def is_encoder_decoder(model: Any) -> bool:
+    """Whether a model's config says it is an encoder-decoder."""
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def device_map_devices(model: Any) -> set[int]:
+    """The CUDA ordinals of a model's ``hf_device_map`` (``device_map="auto"``); empty without one."""
+    device_map = getattr(model, "hf_device_map", None)
+    if not isinstance(device_map, dict):
+        return set()
+    return {d for d in device_map.values() if isinstance(d, int) and not isinstance(d, bool)}
+
+
+def block_class_names(model: Any) -> set[str]:
+    """The class names of ``model._no_split_modules``: the blocks that must stay on one device."""
+    return set(getattr(model, "_no_split_modules", None) or ())
+
+
+_TEXT_CONFIG_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                       "hidden_size", "sliding_window", "layer_types")
+
+
+def text_config_fields(model: Any) -> dict[str, Any] | None:
+    """The fields of a model's text config that size its steps (:data:`_TEXT_CONFIG_FIELDS`, None where
+    missing), plus ``is_encoder_decoder``; None when the model has no config. A multimodal model's text
+    config is its ``get_text_config()``."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    fields = {name: getattr(text, name, None) for name in _TEXT_CONFIG_FIELDS}
+    fields["is_encoder_decoder"] = bool(getattr(config, "is_encoder_decoder", False))
+    return fields
+
+
+def output_embeddings(model: Any) -> Any:
+    """The model's language-modeling head (``get_output_embeddings()``), or None."""
+    get = getattr(model, "get_output_embeddings", None)
+    return get() if callable(get) else None
+
+
+def computes_all_logits(model: Any) -> bool:
+    """Whether the model's forward computes logits at every position (no ``logits_to_keep``)."""
+    import inspect
+
+    supports = getattr(model, "_supports_logits_to_keep", None)
+    if callable(supports):
+        return not supports()
+    try:
+        return "logits_to_keep" not in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return True
+
+
+def stock_criteria_call() -> Any:
+    """``StoppingCriteriaList.__call__`` of the loaded transformers, or None (not imported yet)."""
+    module = sys.modules.get("transformers.generation.stopping_criteria")
+    cls = getattr(module, "StoppingCriteriaList", None)
+    return getattr(cls, "__call__", None)
 
 
 # -- generate(): its arguments, its loop, its outputs ------------------------------------------------
@@ -339,6 +411,51 @@ def continuous_batching_classes(names: Iterable[str]) -> dict[str, type]:
             if isinstance(cls, type) and cls.__module__.startswith(package.__name__):
                 classes.setdefault(owner, cls)
     return classes
+
+
+def manager_parts(manager: Any) -> tuple[Any, Any]:
+    """``(output router, batch processor)`` of a continuous-batching manager (None where missing: a
+    processor exists only while a session runs)."""
+    return getattr(manager, "output_router", None), getattr(manager, "batch_processor", None)
+
+
+def processor_parts(bp: Any) -> tuple[Any, Any, Any]:
+    """``(scheduler, paged cache, offloading manager)`` of a batch processor (None where missing)."""
+    return getattr(bp, "scheduler", None), getattr(bp, "cache", None), getattr(bp, "offloading_manager", None)
+
+
+def request_counts(scheduler: Any) -> tuple[int, int]:
+    """``(running, waiting)`` requests of a scheduler."""
+    return len(scheduler.active_requests), len(scheduler.waiting_requests)
+
+
+def waiting_or_running(scheduler: Any, request_id: Any) -> Any:
+    """The ``RequestState`` of a request the scheduler still holds, else None."""
+    return scheduler.active_requests.get(request_id) or scheduler.waiting_requests.get(request_id)
+
+
+def scheduled_rows(batch: Any) -> list[tuple[Any, Any, float, int, int, int, bool]]:
+    """What a step reads of each request ``schedule_batch`` scheduled (its ``FutureRequestState``s), in
+    one pass: ``(state, request_id, created_time, query_length, position_offset, prompt_length,
+    has_new_token)``; ``position_offset`` has already moved past this step's tokens.
+
+    Why one list and not one call per request: a step's reads stay one Python call, as when they were
+    written in the loop.
+    """
+    return [(state, state.request_id, state.created_time, fs.query_length, state.position_offset,
+             len(state.initial_tokens), fs.has_new_token) for fs in batch for state in (fs.state,)]
+
+
+def output_fields(output: Any) -> tuple[Any, float, int, Any, list[int], int]:
+    """``(request_id, created_time, status, error, generated_tokens, prompt_length)`` of a request's
+    last ``GenerationOutput``."""
+    return (output.request_id, output.created_time, output.status, output.error, output.generated_tokens,
+            len(output.prompt_ids))
+
+
+def output_ended(output: Any, finished: int) -> bool:
+    """Whether a delivered output is its request's last (status ``finished`` or after: failed)."""
+    return bool(output.status >= finished)
 
 
 def request_statuses() -> tuple[int, int]:

@@ -36,7 +36,7 @@ from gpuprobe.report.sections import (
     timeline,
 )
 
-__all__ = ["REGISTRY", "SECTIONS", "BY_NAME", "DEFAULT_SECTIONS", "table_order"]
+__all__ = ["REGISTRY", "SECTIONS", "BY_NAME", "DEFAULT_SECTIONS", "GPU_ONLY", "table_order"]
 
 #: Every section, in report order (JSON keys, ``--sections`` and its help); ``findings`` come first.
 REGISTRY: tuple[Section, ...] = (
@@ -63,6 +63,12 @@ REGISTRY: tuple[Section, ...] = (
 SECTIONS: tuple[str, ...] = tuple(s.name for s in REGISTRY)
 #: Each section by name.
 BY_NAME: dict[str, Section] = {s.name: s for s in REGISTRY}
+#: The sections made of GPU records only: a trace without GPU activity has nothing to show in them, and
+#: the text and Markdown outputs leave them out (the summary's warning says why; JSON and CSV keep them).
+GPU_ONLY: frozenset[str] = frozenset(
+    {"kernels", "categories", "families", "non_gemm", "attention", "launches", "memory", "small_ops", "idle",
+     "communication"}
+)
 #: The sections a report holds when none are named.
 DEFAULT_SECTIONS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.default)
 

@@ -27,7 +27,10 @@ class Finding:
         title: One line for people.
         evidence: Numbers and where they come from; ``at_stake_ns`` is the estimated time at
             stake, the order of findings in a report.
-        remedy: What usually fixes it.
+        remedy: What usually fixes it; a finding that a ``gpuprobe try`` variant measures ends with
+            that command (:func:`gpuprobe.experiment.remedies.remedy_line`).
+        asks_nothing: The finding asks nothing of the user (an expected pattern, "nothing to do"): it
+            informs, and ``--fail-on`` never counts it. In JSON the key is present only when true.
     """
 
     id: str
@@ -35,6 +38,14 @@ class Finding:
     title: str
     evidence: dict[str, Any]
     remedy: str
+    asks_nothing: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values; ``asks_nothing`` only when true (a finding that asks something reads as before)."""
+        out = dataclasses.asdict(self)
+        if not self.asks_nothing:
+            del out["asks_nothing"]
+        return out
 
 
 def _scalar_evidence(evidence: dict[str, Any], prefix: str = "") -> str:
@@ -115,7 +126,8 @@ def merge(mctx: MergeContext) -> list[Finding]:
         evidence = {**worst.evidence, "at_stake_ns": sum(f.evidence.get("at_stake_ns", 0) for _, f in group),
                     "ranks": ranks, "worst_rank": worst_rank}
         title = f"{worst.title} (rank {worst_rank}; on {len(ranks)} of {len(mctx.results)} ranks)"
-        out.append(Finding(id=rule, severity=worst.severity, title=title, evidence=evidence, remedy=worst.remedy))
+        out.append(Finding(id=rule, severity=worst.severity, title=title, evidence=evidence, remedy=worst.remedy,
+                           asks_nothing=worst.asks_nothing))
     return out
 
 

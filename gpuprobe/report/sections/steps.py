@@ -3,7 +3,9 @@ for generation: its CPU time, GPU time by category, launches, syncs and copies."
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import re
 import statistics
 
 from gpuprobe._kernel_names import CATEGORIES
@@ -20,6 +22,11 @@ from gpuprobe.report._context import (
 from gpuprobe.report._tables import Column, Table, Unit, format_ns
 
 __all__ = ["StepRow", "StepsSection", "SECTION"]
+
+#: A range name that says a generation phase: ``prefill``, ``decode``, ``decode_step``, not ``decoder_layer``.
+_PHASE_WORD = re.compile(r"(?<![A-Za-z])(prefill|decode)(?![A-Za-z])", re.IGNORECASE)
+#: gpuprobe's own step ranges (a profile window's, or the transformers integration's in your profiler).
+_GPUPROBE_STEP = re.compile(r"^gpuprobe\.step#\d+$")
 
 
 @dataclasses.dataclass
@@ -67,6 +74,7 @@ def compute(ctx: Context) -> StepsSection:
     launch_windows = StepWindows(cols.launches_by_thread, step_threads)
     sync_windows = StepWindows(cols.syncs_by_thread, step_threads)
     rows: list[StepRow] = []
+    inside = _phases_inside(ctx)
     for step in steps:
         op_wins = step.op_windows
         launch_wins = launch_windows.find(step.thread, step.start, step.end)
@@ -82,7 +90,7 @@ def compute(ctx: Context) -> StepsSection:
             StepRow(
                 index=step.index,
                 name=step.name,
-                phase=step.phase,
+                phase=step.phase or inside.get(step.index, ""),
                 start_ns=step.start - ctx.origin,
                 cpu_ns=step.end - step.start,
                 gpu_busy_ns=busy,
@@ -121,6 +129,47 @@ _COLUMNS = [
 ]
 
 
+def _phases_inside(ctx: Context) -> dict[int, str]:
+    """The phase of each step whose own name says none, from a range inside it that does (a program's
+    ``record_function("prefill")`` inside gpuprobe's ``gpuprobe.step#N``): ``prefill``, ``decode``, or
+    ``mixed`` when both are inside. Steps by index; none when no range name says a phase."""
+    phase_of = {i: m.group(1).lower() for i, n in enumerate(ctx.range_names) if (m := _PHASE_WORD.search(n))}
+    blank = [s for s in ctx.steps if not s.phase]
+    if not phase_of or not blank:
+        return {}
+    by_thread: dict[int, list[tuple[int, int, int]]] = {}
+    for s in blank:
+        by_thread.setdefault(s.thread, []).append((s.start, s.end, s.index))
+    for spans in by_thread.values():
+        spans.sort()
+    found: dict[int, set[str]] = {}
+    r = ctx.scan.ranges
+    for k, name_id in enumerate(r.name_id):
+        phase = phase_of.get(name_id)
+        spans = by_thread.get(r.thread_id[k]) if phase is not None else None
+        if not spans:
+            continue
+        start = r.start[k]
+        i = bisect.bisect_right(spans, (start, 1 << 62, 0)) - 1  # the last step starting at or before it
+        if i >= 0 and start + r.dur[k] <= spans[i][1]:
+            found.setdefault(spans[i][2], set()).add(phase)
+    return {index: phases.pop() if len(phases) == 1 else "mixed" for index, phases in found.items()}
+
+
+def _notes(st: StepsSection) -> list[str]:
+    """What the numbering and the phase of gpuprobe's own steps mean, where they are in the table."""
+    ours = [r for r in st.rows if _GPUPROBE_STEP.match(r.name)]
+    if not ours:
+        return []
+    lines = ["step: the order in this trace; the N of gpuprobe.step#N counts the steps of the whole process "
+             "(every generate() call since it started), so it need not start at 0 nor restart with each call"]
+    if any(not r.phase for r in ours):
+        lines.append("phase: blank where the trace does not say it: gpuprobe's step ranges in a torch.profiler trace "
+                     "do not name the phase (its prefill and decode ranges are NVTX ones, which Nsight Systems "
+                     "records), and no range inside the step names prefill or decode")
+    return lines
+
+
 def tables(st: StepsSection, markdown: bool) -> list[Table]:
     """The steps, with each category's time per step in CSV (text and Markdown show ``top`` rows)."""
     cats = [c for c in CATEGORIES if any(c in row.categories for row in st.rows)]
@@ -130,7 +179,7 @@ def tables(st: StepsSection, markdown: bool) -> list[Table]:
         f"(p10 {format_ns(st.cpu_p10_ns)}, p90 {format_ns(st.cpu_p90_ns)}); GPU busy median "
         f"{format_ns(st.gpu_busy_median_ns)} (p10 {format_ns(st.gpu_busy_p10_ns)}, "
         f"p90 {format_ns(st.gpu_busy_p90_ns)})"
-    ]
+    ] + _notes(st)
     rows = [dict(dataclasses.asdict(row), **{f"cat:{c}": row.categories.get(c, 0) for c in cats}) for row in st.rows]
     return [Table("steps", "Steps", columns, rows, lines, cut=True)]
 

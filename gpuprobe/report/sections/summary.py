@@ -73,7 +73,8 @@ def _warnings(ctx: Context, step_rows: list[object], pattern: str) -> list[str]:
             "time is unknown, not 0 %"
         )
     elif not n_ops:
-        out.append("no GPU activity in this trace (a CPU-only capture); GPU figures are left empty")
+        out.append("no GPU activity in this trace (a CPU-only capture); GPU figures are left empty and the GPU "
+                   "sections have nothing to show")
     else:
         join = ctx.cols.join_counts()
         without_launch = join.ops_without_launch
@@ -106,11 +107,16 @@ def tables(s: Summary, markdown: bool) -> list[Table]:
         f"span: {format_ns(s.span_ns)}; events: "
         + ", ".join(f"{k} {v:,}" for k, v in s.events.items())
         + (f"; skipped {s.skipped_events:,}" if s.skipped_events else ""),
-        f"GPU: {s.gpu_op_count:,} operations, {s.kernel_count:,} kernels, kernel time {format_ns(s.kernel_ns)}, "
-        f"busy {format_ns(s.gpu_busy_ns)}"
-        + (f" ({s.gpu_busy_share * 100:.1f} % of the span)" if s.gpu_busy_share is not None else ""),
-        f"launches: {s.launch_count:,} calls, {format_ns(s.launch_api_ns)} in the API; steps: {s.step_count:,}",
     ]
+    if not s.gpu_op_count and not s.launch_count:  # the warning says there is no GPU activity: no GPU lines
+        lines.append(f"steps: {s.step_count:,}")
+    else:
+        lines += [
+            f"GPU: {s.gpu_op_count:,} operations, {s.kernel_count:,} kernels, kernel time {format_ns(s.kernel_ns)}, "
+            f"busy {format_ns(s.gpu_busy_ns)}"
+            + (f" ({s.gpu_busy_share * 100:.1f} % of the span)" if s.gpu_busy_share is not None else ""),
+            f"launches: {s.launch_count:,} calls, {format_ns(s.launch_api_ns)} in the API; steps: {s.step_count:,}",
+        ]
     return [Table("summary", "Summary", [], [], lines)]
 
 

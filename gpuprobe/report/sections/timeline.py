@@ -8,7 +8,15 @@ from gpuprobe._kernel_names import short_kernel_name
 from gpuprobe.report._context import EVENT_KIND, Context, GpuOpKind, Section
 from gpuprobe.report._tables import Column, Table, Unit
 
-__all__ = ["TimelineRow", "TimelineSection", "SECTION"]
+__all__ = ["TimelineRow", "TimelineSection", "SAME_CALL", "SECTION"]
+
+#: A CPU event nested in a longer one of its thread, taking at least this share of its time, is the same
+#: call (``aten::linear`` > ``aten::matmul`` > ``aten::mm``; a ``record_function`` around one operator).
+SAME_CALL = 0.8
+#: A long CPU-side event as the scan keeps it: (duration ns, arrival number, kind, name, start ns, "pid/tid").
+LongEvent = tuple[int, int, str, str, int, str]
+#: The kinds of GPU operations' rows: a timeline without them is a trace without GPU records.
+_GPU_KINDS = frozenset(EVENT_KIND.values())
 
 
 @dataclasses.dataclass
@@ -46,7 +54,11 @@ def compute(ctx: Context) -> TimelineSection:
                 where=f"device {device} stream {stream}",
             )
         )
-    for dur, _arrival, kind, name, start, thread in ctx.scan.longest_cpu:
+    longest = sorted(ctx.scan.longest_cpu, reverse=True)  # longest first; a tie to the later, as the scan's heap
+    # A trace without GPU records lists each call once. A GPU trace keeps every event, as it always has: the
+    # runtime call nested in an operator (cudaStreamSynchronize in aten::item) says what the operator waited on.
+    cpu = longest[:limit] if ctx.gpu_known else _calls(longest, limit)
+    for dur, _arrival, kind, name, start, thread in cpu:
         rows.append(
             TimelineRow(kind=kind, name=name, start_ns=start - ctx.origin, dur_ns=dur, where=f"thread {thread}")
         )
@@ -54,10 +66,31 @@ def compute(ctx: Context) -> TimelineSection:
     return TimelineSection(rows=rows)
 
 
+def _calls(longest: list[LongEvent], limit: int) -> list[LongEvent]:
+    """The ``limit`` longest CPU-side events (given longest first), one per call.
+
+    An event nested in a longer one of its thread and taking most of its time (:data:`SAME_CALL`) is that
+    call's own work (``aten::linear`` holds ``aten::matmul``, which holds ``aten::mm``) and is left out;
+    the outermost is kept: the call the program made, whose duration holds the others'.
+    """
+    kept: list[LongEvent] = []
+    for event in longest:
+        if len(kept) >= limit:
+            break
+        dur, _arrival, _kind, _name, start, thread = event
+        if not any(k[5] == thread and k[4] <= start and start + dur <= k[4] + k[0] and dur >= k[0] * SAME_CALL
+                   for k in kept):
+            kept.append(event)
+    return kept
+
+
 def tables(t: TimelineSection, markdown: bool) -> list[Table]:
     columns = [Column("start", "start_ns", Unit.NS), Column("duration", "dur_ns", Unit.NS), Column("kind", "kind"),
                Column("where", "where"), Column("name", "name", Unit.NAME)]
-    return [Table("timeline", "Long events, in time order", columns, t.rows)]
+    cpu_only = t.rows and not any(r.kind in _GPU_KINDS for r in t.rows)
+    lines = ["one row per call: an event nested in a listed one of its thread and taking most of its time (an "
+             "operator it called, a range around it) is left out; the outermost is listed"] if cpu_only else []
+    return [Table("timeline", "Long events, in time order", columns, t.rows, lines)]
 
 
 SECTION = Section("timeline", tables, compute=compute)

@@ -30,7 +30,15 @@ from typing import Any
 
 from .... import _seams, is_enabled
 from ....timing import DeviceClock
-from ..compat import fits, paged_cache_geometry, processor_placement, used_blocks
+from ..compat import (
+    fits,
+    paged_cache_geometry,
+    processor_parts,
+    processor_placement,
+    request_counts,
+    scheduled_rows,
+    used_blocks,
+)
 from .requests import FirstSpan, Req, RequestTracking, perf_ns
 from .seams import (
     PROCESSOR,
@@ -83,8 +91,7 @@ class Loop(RequestTracking):
         if self.attached is not None and self.attached() is bp:
             self._bind(bp)
             return
-        scheduler = getattr(bp, "scheduler", None)
-        cache = getattr(bp, "cache", None)
+        scheduler, cache, offloader = processor_parts(bp)
         if not (fits(bp, PROCESSOR) and fits(scheduler, SCHEDULER)):
             return
         if cache is None:
@@ -177,16 +184,15 @@ class Loop(RequestTracking):
         install(bp, SEAM_UPDATE, update_before, update_after)
         install(scheduler, SEAM_SCHEDULE, after=scheduled)
         install(scheduler, SEAM_CANCEL, cancel_before, cancelled)
-        offloader = getattr(bp, "offloading_manager", None)
         if offloader is not None and fits(offloader, (SEAM_OFFLOAD,)):
 
             def offload_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
                 scheduler = self.scheduler
-                return len(scheduler.active_requests) if scheduler is not None else 0
+                return request_counts(scheduler)[0] if scheduler is not None else 0
 
             def offloaded(before: int, result: Any, error: BaseException | None) -> None:
                 scheduler = self.scheduler
-                evicted = before - len(scheduler.active_requests) if scheduler is not None else 0
+                evicted = before - request_counts(scheduler)[0] if scheduler is not None else 0
                 if evicted > 0:
                     self.rt.thread_records().append((serving.preempted, evicted))
 
@@ -194,8 +200,8 @@ class Loop(RequestTracking):
 
     def _bind(self, bp: Any) -> None:
         """Hold the processor's scheduler and cache while its loop runs (:meth:`release` lets go)."""
-        self.scheduler, self.cache = bp.scheduler, bp.cache
-        self.allocators, self.total_bytes, self.num_blocks = paged_cache_geometry(bp.cache)
+        self.scheduler, self.cache, _ = processor_parts(bp)
+        self.allocators, self.total_bytes, self.num_blocks = paged_cache_geometry(self.cache)
         self.device, self.stream = processor_placement(bp)
         self.rt.thread_records().append((self.serving.kv_total, self.num_blocks))
 
@@ -278,7 +284,7 @@ class Loop(RequestTracking):
         scheduler = self.scheduler
         if scheduler is None:
             return
-        running, waiting = len(scheduler.active_requests), len(scheduler.waiting_requests)
+        running, waiting = request_counts(scheduler)
         blocks, usage = used_blocks(self.cache, self.allocators, self.total_bytes, self.num_blocks)
         now = (running, waiting, blocks)
         # Why only on a change: the idle loop prepares 10 times a second, and appending and applying the
@@ -309,11 +315,7 @@ class Loop(RequestTracking):
         if self.device is not None and self.rt.backends.device_clock is not None:
             starting, stopping = [], []
         admitted: FirstSpan | None = None
-        for fs in batch:  # type: ignore[union-attr]
-            state = fs.state
-            q = fs.query_length
-            end = state.position_offset  # already moved past this step's tokens
-            n = len(state.initial_tokens)
+        for state, request_id, created, q, end, n, new_token in scheduled_rows(batch):
             # Tokens at positions below the prompt's length are prompt (prefill) tokens; a request
             # restarted after preemption prefills its prompt and what it had generated again.
             if end <= n:
@@ -324,12 +326,12 @@ class Loop(RequestTracking):
                 k = n - end + q
                 prefill += k
                 decode += q - k
-            req = live.get(state.request_id)
+            req = live.get(request_id)
             if req is None:
-                req = live[state.request_id] = Req(state, perf_ns(state.created_time))
+                req = live[request_id] = Req(state, perf_ns(created))
                 append((serving.queue, max(0, t1 - req.arrival)))
                 if starting is not None:
-                    if fs.has_new_token:  # its first token comes from this forward: the step's shared span
+                    if new_token:  # its first token comes from this forward: the step's shared span
                         if admitted is None:
                             admitted = FirstSpan(serving.ttft_dev)
                             starting.append(admitted)
@@ -338,7 +340,7 @@ class Loop(RequestTracking):
                     else:  # its prompt goes on in later steps: a span of its own, open until then
                         req.span = FirstSpan(serving.ttft_dev)
                         starting.append(req.span)
-            if fs.has_new_token:
+            if new_token:
                 selected.append((req, state))
                 if req.selecting:
                     next_tokens += 1  # not its first token: a device inter-token sample

@@ -23,7 +23,7 @@ from typing import Any
 from .... import is_enabled
 from ....runtime import Runtime
 from ....timing import DeviceClock
-from ..compat import ends_with_eos
+from ..compat import ends_with_eos, output_fields, waiting_or_running
 from ..series import time_per_output_token_ns
 
 __all__ = ["Req", "FirstSpan", "RequestTracking", "perf_ns"]
@@ -184,17 +184,17 @@ class RequestTracking:
 
     def finish(self, output: Any) -> None:
         """A request's last output was delivered (finished or failed)."""
-        rid = output.request_id
+        rid, created, status, error, tokens, prompt_length = output_fields(output)
         if rid in self.cancelled or not is_enabled():
             return
         req = self.live.pop(rid, None)
         now = perf_counter_ns()
-        arrival = req.arrival if req is not None else perf_ns(output.created_time)
+        arrival = req.arrival if req is not None else perf_ns(created)
         dur = max(0, now - arrival)
         serving = self.serving
         records = self.rt.thread_records()
         append = records.append
-        if output.status == self.failed_status or output.error is not None:
+        if status == self.failed_status or error is not None:
             append((serving.req_failed, dur))
             append((serving.finished["failed"], 1))
             if req is not None:
@@ -202,11 +202,10 @@ class RequestTracking:
                 if req.span is not None:
                     self.forget_span(req)
             return
-        tokens = output.generated_tokens
         n_out = len(tokens)
         requests = serving.request_series
         append((requests.request_ok, dur))
-        append((requests.usage_in, len(output.prompt_ids)))
+        append((requests.usage_in, prompt_length))
         append((requests.usage_out, n_out))
         first = req.first if req is not None else 0
         if not first and n_out:  # finished by the update that produced its first token
@@ -237,7 +236,7 @@ class RequestTracking:
         scheduler = self.scheduler
         if scheduler is None:
             return
-        state = scheduler.active_requests.get(request_id) or scheduler.waiting_requests.get(request_id)
+        state = waiting_or_running(scheduler, request_id)
         if state is None:  # finished already, or unknown
             return
         self.cancelled.add(request_id)

@@ -7,7 +7,7 @@ from typing import Any
 
 from .... import _seams
 from ....runtime import Runtime
-from ..compat import fits, request_statuses
+from ..compat import fits, manager_parts, output_ended, request_statuses
 from ..series import RequestSeries, StepSeries
 from .loop import Loop
 from .seams import MANAGER, MARK, ROUTER, SEAM_CREATE, SEAM_DELIVER, SEAM_DELIVER_BATCH, SEAM_LOOP, weak_method
@@ -73,7 +73,7 @@ class ServingState:
         d = getattr(manager, "__dict__", None)
         if d is None or d.get(MARK) is not None:
             return manager
-        router = getattr(manager, "output_router", None)
+        router, bp = manager_parts(manager)
         if not (fits(manager, MANAGER) and fits(router, ROUTER)):
             return manager
         loop = Loop(self)
@@ -94,19 +94,18 @@ class ServingState:
         # Recorded before the output is handed over, so a client that has its answer finds it counted.
         def deliver(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             output = read_output.get(args, kwargs, "output")
-            if output.status >= finished:
+            if output_ended(output, finished):
                 loop.finish(output)
 
         def deliver_batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             for output in read_outputs.get(args, kwargs, "outputs"):
-                if output.status >= finished:
+                if output_ended(output, finished):
                     loop.finish(output)
 
         self._install(manager, SEAM_CREATE, after=created)
         self._install(manager, SEAM_LOOP, before=lambda args, kwargs: loop.begin(), after=loop_ends)
         self._install(router, SEAM_DELIVER, before=deliver)
         self._install(router, SEAM_DELIVER_BATCH, before=deliver_batch)
-        bp = getattr(manager, "batch_processor", None)
         if bp is not None:  # a manager kept from an earlier session
             loop.attach(bp)
         return manager

@@ -25,7 +25,7 @@ from typing import Any
 
 from ...._placement import tensor_device
 from ....runtime import Runtime
-from ..compat import decoding_module
+from ..compat import block_class_names, decoding_module
 from . import steps
 
 __all__ = ["find_layers", "LayerTiming"]
@@ -55,9 +55,9 @@ def find_layers(model: Any) -> list[tuple[Any, int]]:
         >>> [(type(b).__name__, i) for b, i in find_layers(m)]
         [('LlamaDecoderLayer', 0), ('LlamaDecoderLayer', 1)]
     """
-    block_names = set(getattr(model, "_no_split_modules", None) or ())
+    block_names = block_class_names(model)
     root = decoding_module(model)
-    found = _stacks(root, block_names | set(getattr(root, "_no_split_modules", None) or ()))
+    found = _stacks(root, block_names | block_class_names(root))
     if not found and root is not model:
         found = _stacks(model, block_names)
     return found

@@ -27,7 +27,9 @@ import sys
 from typing import Any
 
 from .... import _sync_audit
+from ...._torch_caps import record_function_ops
 from ....runtime import Runtime
+from ..compat import stock_criteria_call
 from ..series import MODEL_LABEL
 
 __all__ = ["StepMarker", "StepMarks"]
@@ -47,10 +49,10 @@ def _bind_ranges() -> None:
     # `user_annotation` in the trace, which `gpuprobe report` reads as a range) without the context
     # manager's object and CUPTI-monitor checks; enter + exit cost 5.2 us against 6.9 us under a kineto
     # CPU trace on the test CPU. torch's _RecordFunctionFast (0.8 us) makes a `cpu_op` event, not a range.
-    _enter = torch.ops.profiler._record_function_enter_new
-    _exit = torch.ops.profiler._record_function_exit._RecordFunction
+    ops = record_function_ops(torch)
+    _enter, _exit = ops.enter, ops.exit
     # As record_function does: exiting with __torch_function__ handling on costs ~2x.
-    _no_torch_function = torch._C.DisableTorchFunctionSubclass
+    _no_torch_function = ops.no_torch_function
 
 
 def _end_range(handle: Any) -> None:
@@ -100,7 +102,7 @@ class StepMarks:
         transformers' own loop, run here for marked steps only; a list class with its own ``__call__``
         is marked as one ``stopping_criteria/<list class>``.
         """
-        if base.__call__ is not _stock_criteria_call():
+        if base.__call__ is not stock_criteria_call():
             name = type(criteria).__name__
             mark = self.begin(("stopping_criteria", name), "stopping_criteria/" + name)
             try:
@@ -117,12 +119,6 @@ class StepMarks:
             finally:
                 self.end(mark)
         return is_done
-
-
-def _stock_criteria_call() -> Any:
-    module = sys.modules.get("transformers.generation.stopping_criteria")
-    cls = getattr(module, "StoppingCriteriaList", None)
-    return getattr(cls, "__call__", None)
 
 
 class StepMarker:

@@ -18,7 +18,16 @@ from typing import Any
 
 from .... import _seams, is_enabled, memory
 from ....runtime import Runtime
-from ..compat import cache_bytes, input_device, input_tokens, input_width, loop_rows, steps_undone
+from ..compat import (
+    cache_bytes,
+    device_map_devices,
+    input_device,
+    input_tokens,
+    input_width,
+    is_encoder_decoder,
+    loop_rows,
+    steps_undone,
+)
 from ..continuous import ServingState
 from ..series import RequestSeries, StepSeries, time_per_output_token_ns
 from . import steps as _steps
@@ -55,7 +64,7 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         self.model = weakref.ref(model)
         # A decoder-only model's generate() returns the prompt and what follows it (what a call whose steps
         # were not seen is counted from); an encoder-decoder's returns the decoder's tokens only.
-        self.encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+        self.encoder_decoder = is_encoder_decoder(model)
         self.rt = rt
         self.options = options
         self.tls = threading.local()
@@ -137,10 +146,7 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         """
         found = self._devices.get(device)
         if found is None:
-            used = {device}
-            device_map = getattr(model, "hf_device_map", None)
-            if isinstance(device_map, dict):
-                used.update(d for d in device_map.values() if isinstance(d, int) and not isinstance(d, bool))
+            used = {device} | device_map_devices(model)
             used.update(d for d in (self.module_device(m) for m in self.layers) if d is not None)
             found = self._devices[device] = tuple(sorted(used))
         return found

@@ -10,7 +10,6 @@ when the runtime drains its buffers (device steps once the step's CUDA events ar
 
 from __future__ import annotations
 
-import inspect
 import sys
 from typing import Any
 
@@ -27,6 +26,7 @@ from ...._utilization import (
 )
 from ...._placement import tensor_device
 from ....runtime import Runtime
+from ..compat import computes_all_logits, output_embeddings, text_config_fields
 
 __all__ = ["Utilization", "StepUtilization", "measure", "UnsupportedShape"]
 
@@ -51,28 +51,27 @@ def measure(model: Any) -> ModelShape:
     """
     import torch
 
-    config = getattr(model, "config", None)
-    if config is None:
+    text = text_config_fields(model)
+    if text is None:
         raise UnsupportedShape(f"{type(model).__name__} has no config")
-    if getattr(config, "is_encoder_decoder", False):
+    if text["is_encoder_decoder"]:
         raise UnsupportedShape("encoder-decoder models are not covered")
-    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
-    layers = _positive_int(getattr(text, "num_hidden_layers", None))
-    heads = _positive_int(getattr(text, "num_attention_heads", None))
+    layers = _positive_int(text["num_hidden_layers"])
+    heads = _positive_int(text["num_attention_heads"])
     if layers is None or heads is None:
         raise UnsupportedShape(f"the config of {type(model).__name__} names no num_hidden_layers and "
                                "num_attention_heads")
-    kv_heads = _positive_int(getattr(text, "num_key_value_heads", None)) or heads
-    head_dim = _positive_int(getattr(text, "head_dim", None))
+    kv_heads = _positive_int(text["num_key_value_heads"]) or heads
+    head_dim = _positive_int(text["head_dim"])
     if head_dim is None:
-        hidden = _positive_int(getattr(text, "hidden_size", None))
+        hidden = _positive_int(text["hidden_size"])
         if hidden is None:
             raise UnsupportedShape(f"the config of {type(model).__name__} names no head_dim or hidden_size")
         head_dim = hidden // heads
 
     # Which layers attend, and over how much: layer_types where the config has them.
-    window = _positive_int(getattr(text, "sliding_window", None)) or 0
-    types = getattr(text, "layer_types", None)
+    window = _positive_int(text["sliding_window"]) or 0
+    types = text["layer_types"]
     if isinstance(types, (list, tuple)) and len(types) == layers:
         names = [str(t) for t in types]
         attending = [t for t in names if t.endswith("attention") and not t.startswith("linear")]
@@ -97,7 +96,7 @@ def measure(model: Any) -> ModelShape:
             entry[0] += n
     if not total_params:
         raise UnsupportedShape(f"{type(model).__name__} has no parameters")
-    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    head = output_embeddings(model)
     head_weight = getattr(head, "weight", None)
     head_params = 0
     if head_weight is not None:
@@ -126,14 +125,7 @@ def measure(model: Any) -> ModelShape:
         kv_size = floating[dtype][1]
     else:
         dtype = max(everything, key=lambda d: everything[d])
-    supports = getattr(model, "_supports_logits_to_keep", None)
-    if callable(supports):
-        logits_all = not supports()
-    else:
-        try:
-            logits_all = "logits_to_keep" not in inspect.signature(model.forward).parameters
-        except (TypeError, ValueError):
-            logits_all = True
+    logits_all = computes_all_logits(model)
     return ModelShape(
         weight_bytes=total_bytes - table_bytes,
         tables=tuple(tables),
