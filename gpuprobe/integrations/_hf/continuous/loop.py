@@ -32,6 +32,7 @@ from .... import _seams, is_enabled
 from ....timing import DeviceClock
 from ..compat import (
     fits,
+    output_ended,
     paged_cache_geometry,
     processor_parts,
     processor_placement,
@@ -40,16 +41,7 @@ from ..compat import (
     used_blocks,
 )
 from .requests import FirstSpan, Req, RequestTracking, perf_ns
-from .seams import (
-    PROCESSOR,
-    SCHEDULER,
-    SEAM_CANCEL,
-    SEAM_OFFLOAD,
-    SEAM_PREPARE,
-    SEAM_SCHEDULE,
-    SEAM_STEP,
-    SEAM_UPDATE,
-)
+from .seams import PROCESSOR, PROCESSOR_HOOKS, SCHEDULER, SEAM_CANCEL, SEAM_OFFLOAD, SEAM_PREPARE, install_hooks
 
 __all__ = ["Loop"]
 
@@ -83,11 +75,14 @@ class Loop(RequestTracking):
         self.attached: weakref.ref[Any] | None = None
         self.finished_status = serving.finished_status
         self.failed_status = serving.failed_status
+        self.read_output: Any = None  # the routers' and scheduler's ArgReaders, made when observed
+        self.read_outputs: Any = None
+        self.read_cancel: Any = None
 
     # -- the batch processor ---------------------------------------------------------------------
     def attach(self, bp: Any) -> None:
-        """Put the step seams on a batch processor and its scheduler (once per processor; a processor
-        kept for the next session is only bound again)."""
+        """Put the step seams (:data:`~.seams.PROCESSOR_HOOKS`) on a batch processor and its scheduler and
+        offloader (once per processor; a processor kept for the next session is only bound again)."""
         if self.attached is not None and self.attached() is bp:
             self._bind(bp)
             return
@@ -99,104 +94,119 @@ class Loop(RequestTracking):
             return
         self.attached = weakref.ref(bp)
         self._bind(bp)
-        serving = self.serving
-        install = serving._install
-
+        self.read_cancel = _seams.ArgReader(scheduler.set_request_cancellation, SEAM_CANCEL.reads)
+        if offloader is not None and not fits(offloader, (SEAM_OFFLOAD,)):
+            offloader = None
         # Every seam runs transformers' own method once, untouched (gpuprobe._seams.wrap); what gpuprobe
-        # does around it is in hooks whose failure switches continuous-batching telemetry off.
-        def prepare_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-            if not is_enabled():
-                return None
-            t0 = perf_counter_ns()
-            if self.open:  # the first turn of asynchronous batching has no update
-                self.close_step(t0, 0)
-            if self.cancelled:
-                self.cancelled.clear()
-            self.scheduled = None
-            return t0
+        # does around it is in the hooks below, whose failure switches continuous-batching telemetry off.
+        install_hooks(self.serving._install, {"processor": bp, "scheduler": scheduler, "offloader": offloader},
+                      self, PROCESSOR_HOOKS)
 
-        def prepare_after(t0: int | None, ok: Any, error: BaseException | None) -> None:
-            if t0 is None or error is not None:
-                return
-            t1 = perf_counter_ns()
-            self.records = records = self.rt.thread_records()
-            self.gauges(records)
-            if ok and self.scheduled:
-                self.open_step(records, t0, t1)
-            elif self.stepping:  # idle again: what a step hook opened for this thread can close
-                self.stepping = False
-                self.rt.steps_done()
+    # -- the hooks (named in seams.MANAGER_HOOKS and seams.PROCESSOR_HOOKS) -------------------------
+    def processor_created(self, token: None, bp: Any, error: BaseException | None) -> None:
+        if error is None:
+            self.attach(bp)
 
-        def scheduled(token: None, out: Any, error: BaseException | None) -> None:
-            if error is None:
-                self.scheduled = out[0]
+    def loop_begins(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.begin()
 
-        def step_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if not self.open:
-                return None
-            clock = self.rt.backends.device_clock if self.device is not None else None
-            t0 = perf_counter_ns()
-            tok = self._device_start(clock, t0) if clock is not None else None
-            return (t0, clock, tok)
+    def loop_ends(self, token: None, result: Any, error: BaseException | None) -> None:
+        self.end()
 
-        def step_after(token: Any, result: Any, error: BaseException | None) -> None:
-            if token is None:
-                return
-            t0, clock, tok = token
-            if error is not None:
-                if tok is not None:  # the events go back to their pool (open spans: when the loop ends)
-                    clock.discard(self._device_stop(clock, tok, None))
-                return
-            if clock is not None:
-                self.dev_tok = self._device_stop(clock, tok, self.stopping)
-            self.fwd_ns = perf_counter_ns() - t0
+    # Recorded before the output is handed over, so a client that has its answer finds it counted.
+    def deliver(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        output = self.read_output.get(args, kwargs, "output")
+        if output_ended(output, self.finished_status):
+            self.finish(output)
 
-        def update_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-            if not self.open and not self.inflight:
-                return None
-            return perf_counter_ns()
+    def deliver_batch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        finished = self.finished_status
+        for output in self.read_outputs.get(args, kwargs, "outputs"):
+            if output_ended(output, finished):
+                self.finish(output)
 
-        def update_after(t0: int | None, result: Any, error: BaseException | None) -> None:
-            if t0 is None or error is not None:
-                return
-            t1 = perf_counter_ns()
-            selected, ended = self.inflight.popleft() if self.inflight else ((), None)
-            if selected:
-                self.tokens_held(selected, t1)
-            if ended:
-                self.hand_over(ended)
-            if self.open:
-                self.close_step(t1, t1 - t0)
+    def prepare_before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        if not is_enabled():
+            return None
+        t0 = perf_counter_ns()
+        if self.open:  # the first turn of asynchronous batching has no update
+            self.close_step(t0, 0)
+        if self.cancelled:
+            self.cancelled.clear()
+        self.scheduled = None
+        return t0
 
-        # Why this seam and not scheduler.clear_cancelled_requests: that one runs on every step (one more
-        # Python frame, ~0.15 us), this one only when a client goes away.
-        read_cancel = _seams.ArgReader(scheduler.set_request_cancellation, SEAM_CANCEL.reads)
+    def prepare_after(self, t0: int | None, ok: Any, error: BaseException | None) -> None:
+        if t0 is None or error is not None:
+            return
+        t1 = perf_counter_ns()
+        self.records = records = self.rt.thread_records()
+        self.gauges(records)
+        if ok and self.scheduled:
+            self.open_step(records, t0, t1)
+        elif self.stepping:  # idle again: what a step hook opened for this thread can close
+            self.stepping = False
+            self.rt.steps_done()
 
-        def cancel_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            return read_cancel.get(args, kwargs, "request_id")
+    def batch_scheduled(self, token: None, out: Any, error: BaseException | None) -> None:
+        if error is None:
+            self.scheduled = out[0]
 
-        def cancelled(request_id: Any, result: Any, error: BaseException | None) -> None:
-            if error is None:
-                self.cancel(request_id)
+    def step_before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not self.open:
+            return None
+        clock = self.rt.backends.device_clock if self.device is not None else None
+        t0 = perf_counter_ns()
+        tok = self._device_start(clock, t0) if clock is not None else None
+        return (t0, clock, tok)
 
-        install(bp, SEAM_PREPARE, prepare_before, prepare_after)
-        install(bp, SEAM_STEP, step_before, step_after)
-        install(bp, SEAM_UPDATE, update_before, update_after)
-        install(scheduler, SEAM_SCHEDULE, after=scheduled)
-        install(scheduler, SEAM_CANCEL, cancel_before, cancelled)
-        if offloader is not None and fits(offloader, (SEAM_OFFLOAD,)):
+    def step_after(self, token: Any, result: Any, error: BaseException | None) -> None:
+        if token is None:
+            return
+        t0, clock, tok = token
+        if error is not None:
+            if tok is not None:  # the events go back to their pool (open spans: when the loop ends)
+                clock.discard(self._device_stop(clock, tok, None))
+            return
+        if clock is not None:
+            self.dev_tok = self._device_stop(clock, tok, self.stopping)
+        self.fwd_ns = perf_counter_ns() - t0
 
-            def offload_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-                scheduler = self.scheduler
-                return request_counts(scheduler)[0] if scheduler is not None else 0
+    def update_before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        if not self.open and not self.inflight:
+            return None
+        return perf_counter_ns()
 
-            def offloaded(before: int, result: Any, error: BaseException | None) -> None:
-                scheduler = self.scheduler
-                evicted = before - request_counts(scheduler)[0] if scheduler is not None else 0
-                if evicted > 0:
-                    self.rt.thread_records().append((serving.preempted, evicted))
+    def update_after(self, t0: int | None, result: Any, error: BaseException | None) -> None:
+        if t0 is None or error is not None:
+            return
+        t1 = perf_counter_ns()
+        selected, ended = self.inflight.popleft() if self.inflight else ((), None)
+        if selected:
+            self.tokens_held(selected, t1)
+        if ended:
+            self.hand_over(ended)
+        if self.open:
+            self.close_step(t1, t1 - t0)
 
-            install(offloader, SEAM_OFFLOAD, offload_before, offloaded)
+    # Why this seam and not scheduler.clear_cancelled_requests: that one runs on every step (one more
+    # Python frame, ~0.15 us), this one only when a client goes away.
+    def cancel_before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self.read_cancel.get(args, kwargs, "request_id")
+
+    def cancel_after(self, request_id: Any, result: Any, error: BaseException | None) -> None:
+        if error is None:
+            self.cancel(request_id)
+
+    def offload_before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        scheduler = self.scheduler
+        return request_counts(scheduler)[0] if scheduler is not None else 0
+
+    def offload_after(self, before: int, result: Any, error: BaseException | None) -> None:
+        scheduler = self.scheduler
+        evicted = before - request_counts(scheduler)[0] if scheduler is not None else 0
+        if evicted > 0:
+            self.rt.thread_records().append((self.serving.preempted, evicted))
 
     def _bind(self, bp: Any) -> None:
         """Hold the processor's scheduler and cache while its loop runs (:meth:`release` lets go)."""

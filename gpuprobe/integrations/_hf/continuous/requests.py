@@ -24,7 +24,7 @@ from .... import is_enabled
 from ....runtime import Runtime
 from ....timing import DeviceClock
 from ..compat import ends_with_eos, output_fields, waiting_or_running
-from ..series import time_per_output_token_ns
+from ...kit import time_per_output_token_ns
 
 __all__ = ["Req", "FirstSpan", "RequestTracking", "perf_ns"]
 

@@ -19,25 +19,27 @@ last) runs a generation loop on a thread of its own::
 Every seam is an instance attribute of the object transformers calls it on (the manager, its batch
 processor, scheduler, offloading manager and output router), so only observed managers change and
 :meth:`~.serving.ServingState.close` takes them all away again. The manager's and router's hooks are
-in :meth:`~.serving.ServingState.observe`, the processor's, scheduler's and offloader's in
-:meth:`~.loop.Loop.attach`.
+installed by :meth:`~.serving.ServingState.observe`, the processor's, scheduler's and offloader's by
+:meth:`~.loop.Loop.attach`, each from its table below (:data:`MANAGER_HOOKS`, :data:`PROCESSOR_HOOKS`).
 
 **Adding a seam here.** Declare it with :func:`_declare` (the owner class, the method, the parameters
 read), add it to the group of its owner below (its shape is checked with the others before anything
-is installed), and install it where its owner is observed (``observe`` or ``attach``, with
-``ServingState._install(obj, SEAM, before, after)``). ``tests/test_fail_open.py`` iterates the registry.
+is installed), write its hooks as methods of :class:`~.loop.Loop`, and add a :class:`Hooked` row to
+:data:`MANAGER_HOOKS` (the manager and its router) or :data:`PROCESSOR_HOOKS` (the batch processor,
+its scheduler and offloader); :func:`install_hooks` puts the rows on each observed object. ``tests/test_fail_open.py`` iterates the registry.
 """
 
 from __future__ import annotations
 
 import inspect
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from .... import _seams
 from ..compat import continuous_batching_classes
 
-__all__ = ["GROUP", "OWNERS", "owner_classes", "weak_method", "MARK"]
+__all__ = ["GROUP", "OWNERS", "owner_classes", "weak_method", "MARK", "Hooked", "MANAGER_HOOKS", "PROCESSOR_HOOKS"]
 
 GROUP = "transformers.continuous_batching"
 """The switch of every continuous-batching seam: they work together."""
@@ -79,6 +81,47 @@ ROUTER = (SEAM_DELIVER, SEAM_DELIVER_BATCH)
 PROCESSOR = (SEAM_PREPARE, SEAM_STEP, SEAM_UPDATE)
 SCHEDULER = (SEAM_SCHEDULE, SEAM_CANCEL)
 MARK = "_gpuprobe_loop"  # the manager's Loop, in its __dict__
+
+
+class Hooked(NamedTuple):
+    """A row of a hooks table: a seam, the object it goes on, and the :class:`~.loop.Loop` methods that
+    run before and after transformers' own method (``None``: no hook on that side)."""
+
+    seam: _seams.Seam
+    owner: str  # a key of the objects handed to install_hooks: "manager", "router", "processor", ...
+    before: str | None = None
+    after: str | None = None
+
+
+MANAGER_HOOKS = (
+    Hooked(SEAM_CREATE, "manager", after="processor_created"),
+    Hooked(SEAM_LOOP, "manager", "loop_begins", "loop_ends"),
+    Hooked(SEAM_DELIVER, "router", before="deliver"),
+    Hooked(SEAM_DELIVER_BATCH, "router", before="deliver_batch"),
+)
+"""The seams put on a manager when it is observed (:meth:`~.serving.ServingState.observe`)."""
+
+PROCESSOR_HOOKS = (
+    Hooked(SEAM_PREPARE, "processor", "prepare_before", "prepare_after"),
+    Hooked(SEAM_STEP, "processor", "step_before", "step_after"),
+    Hooked(SEAM_UPDATE, "processor", "update_before", "update_after"),
+    Hooked(SEAM_SCHEDULE, "scheduler", after="batch_scheduled"),
+    Hooked(SEAM_CANCEL, "scheduler", "cancel_before", "cancel_after"),
+    Hooked(SEAM_OFFLOAD, "offloader", "offload_before", "offload_after"),
+)
+"""The seams put on a batch processor and its parts when the manager creates it (:meth:`~.loop.Loop.attach`)."""
+
+
+def install_hooks(install: Callable[[Any, _seams.Seam, Any, Any], Any], objects: dict[str, Any],
+                  observer: Any, table: tuple[Hooked, ...]) -> None:
+    """Install each row of ``table`` whose owner is in ``objects``, with ``observer``'s methods as hooks."""
+    for row in table:
+        obj = objects.get(row.owner)
+        if obj is None:
+            continue
+        before = getattr(observer, row.before) if row.before is not None else None
+        after = getattr(observer, row.after) if row.after is not None else None
+        install(obj, row.seam, before, after)
 
 
 def weak_method(obj: Any, name: str) -> Any:

@@ -7,10 +7,10 @@ from typing import Any
 
 from .... import _seams
 from ....runtime import Runtime
-from ..compat import fits, manager_parts, output_ended, request_statuses
-from ..series import RequestSeries, StepSeries
+from ...kit import RequestSeries, StepSeries
+from ..compat import fits, manager_parts, request_statuses
 from .loop import Loop
-from .seams import MANAGER, MARK, ROUTER, SEAM_CREATE, SEAM_DELIVER, SEAM_DELIVER_BATCH, SEAM_LOOP, weak_method
+from .seams import MANAGER, MANAGER_HOOKS, MARK, ROUTER, SEAM_DELIVER, SEAM_DELIVER_BATCH, install_hooks, weak_method
 
 __all__ = ["ServingState", "PHASES", "FINISH_REASONS"]
 
@@ -79,33 +79,9 @@ class ServingState:
         loop = Loop(self)
         d[MARK] = loop
         self._managers.add(manager)
-        finished = self.finished_status
-
-        def created(token: None, bp: Any, error: BaseException | None) -> None:
-            if error is None:
-                loop.attach(bp)
-
-        def loop_ends(token: None, result: Any, error: BaseException | None) -> None:
-            loop.end()
-
-        read_output = _seams.ArgReader(router.deliver, SEAM_DELIVER.reads)
-        read_outputs = _seams.ArgReader(router.deliver_batch, SEAM_DELIVER_BATCH.reads)
-
-        # Recorded before the output is handed over, so a client that has its answer finds it counted.
-        def deliver(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            output = read_output.get(args, kwargs, "output")
-            if output_ended(output, finished):
-                loop.finish(output)
-
-        def deliver_batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            for output in read_outputs.get(args, kwargs, "outputs"):
-                if output_ended(output, finished):
-                    loop.finish(output)
-
-        self._install(manager, SEAM_CREATE, after=created)
-        self._install(manager, SEAM_LOOP, before=lambda args, kwargs: loop.begin(), after=loop_ends)
-        self._install(router, SEAM_DELIVER, before=deliver)
-        self._install(router, SEAM_DELIVER_BATCH, before=deliver_batch)
+        loop.read_output = _seams.ArgReader(router.deliver, SEAM_DELIVER.reads)
+        loop.read_outputs = _seams.ArgReader(router.deliver_batch, SEAM_DELIVER_BATCH.reads)
+        install_hooks(self._install, {"manager": manager, "router": router}, loop, MANAGER_HOOKS)
         if bp is not None:  # a manager kept from an earlier session
             loop.attach(bp)
         return manager

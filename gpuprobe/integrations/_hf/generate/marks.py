@@ -30,7 +30,7 @@ from .... import _sync_audit
 from ...._torch_caps import record_function_ops
 from ....runtime import Runtime
 from ..compat import stock_criteria_call
-from ..series import MODEL_LABEL
+from ...kit import MODEL_LABEL
 
 __all__ = ["StepMarker", "StepMarks"]
 

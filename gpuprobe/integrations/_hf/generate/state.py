@@ -29,7 +29,8 @@ from ..compat import (
     steps_undone,
 )
 from ..continuous import ServingState
-from ..series import RequestSeries, StepSeries, time_per_output_token_ns
+from ...kit import StepSeries, time_per_output_token_ns
+from ..series import RequestSeries
 from . import steps as _steps
 from .call import Call
 from .layers import LayerTiming

@@ -44,7 +44,7 @@ from typing import Any
 from ...._placement import tensor_device
 from ...._torch_caps import profiler_caps
 from ....runtime import Runtime
-from ..series import DecodeSpan, RequestSeries
+from ...kit import DecodeSpan, RequestSeries
 from .call import Call
 from .marks import StepMarker
 from .utilization import Utilization
