@@ -314,11 +314,11 @@ def _kernel_sampling(ctx: _Context) -> Line:
             return Line("kernel sampling", "fail", f"GPUPROBE_KERNEL_SAMPLING={every} needs torch, which is not "
                                                    "installed", details)
         return Line("kernel sampling", "off", "not asked for (and torch is not installed)", details)
-    from . import profiling
+    from . import _kernel_sampler
 
     try:
-        what, works = profiling._recorder().describe(), True
-    except profiling._SamplingUnavailable as exc:
+        what, works = _kernel_sampler._recorder().describe(), True
+    except _kernel_sampler._SamplingUnavailable as exc:
         what, works = str(exc), False
     details["records"] = what if works else None
     if not every:
