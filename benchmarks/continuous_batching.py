@@ -251,8 +251,8 @@ class _Manager:
 
 def seam_cost(n: int, steps: int, rounds: int) -> dict[str, float]:
     """Host microseconds per step: the observed stand-ins against the plain ones (medians of ``rounds``)."""
-    from gpuprobe.integrations._hf.continuous import ServingState
-    from gpuprobe.integrations._hf.series import RequestSeries
+    from gpuprobe.integrations._transformers.continuous import ServingState
+    from gpuprobe.integrations._transformers.series import RequestSeries
     from gpuprobe.runtime import runtime
 
     rt = runtime()

@@ -140,8 +140,8 @@ def seam_cost(steps: int = 3000, rounds: int = 7) -> dict[str, float]:
                               StoppingCriteriaList)
 
     from gpuprobe.runtime import runtime
-    from gpuprobe.integrations._hf import generate as g
-    from gpuprobe.integrations._hf.generate.call import Call
+    from gpuprobe.integrations._transformers import generate as g
+    from gpuprobe.integrations._transformers.generate.call import Call
     from gpuprobe.integrations.transformers import instrument
 
     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,

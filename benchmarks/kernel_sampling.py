@@ -128,7 +128,7 @@ def main() -> int:
     import torch
     import transformers
 
-    from gpuprobe import profiling
+    from gpuprobe import _kernel_sampler
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--every", type=int, default=100)
@@ -150,9 +150,9 @@ def main() -> int:
     ids = torch.randint(0, 8192, (1, 1))
 
     factories: dict[str, Callable[[], Any] | None] = {
-        "legacy": lambda: profiling._CpuLegacyRecorder(torch),
-        "kineto": lambda: profiling._KinetoRecorder(torch, cuda=False),
-        "auto": profiling._recorder,
+        "legacy": lambda: _kernel_sampler._CpuLegacyRecorder(torch),
+        "kineto": lambda: _kernel_sampler._KinetoRecorder(torch, cuda=False),
+        "auto": _kernel_sampler._recorder,
     }
     names = ["legacy", "kineto"] if args.recorder == "both" else [args.recorder]
     reps = args.pairs if args.design == "segments" else args.blocks
@@ -172,7 +172,7 @@ def main() -> int:
         med = statistics.median(diffs)
         lo, hi = _bootstrap_median(diffs)
         q = statistics.quantiles(ratios, n=4)
-        chosen = f" (auto picks {type(profiling._recorder()).__name__})" if v == "auto" else ""
+        chosen = f" (auto picks {type(_kernel_sampler._recorder()).__name__})" if v == "auto" else ""
         if args.design == "segments":
             est = overhead(times[v], times[None], every=args.every, steps=steps, hook_ns=hook_ns)
             print(f"  {v}{chosen}: one sample costs {est['sample_ms']:.2f} ms (95 % CI {est['sample_ms_lo']:.2f}-"

@@ -314,11 +314,11 @@ def _kernel_sampling(ctx: _Context) -> Line:
             return Line("kernel sampling", "fail", f"GPUPROBE_KERNEL_SAMPLING={every} needs torch, which is not "
                                                    "installed", details)
         return Line("kernel sampling", "off", "not asked for (and torch is not installed)", details)
-    from . import profiling
+    from . import _kernel_sampler
 
     try:
-        what, works = profiling._recorder().describe(), True
-    except profiling._SamplingUnavailable as exc:
+        what, works = _kernel_sampler._recorder().describe(), True
+    except _kernel_sampler._SamplingUnavailable as exc:
         what, works = str(exc), False
     details["records"] = what if works else None
     if not every:
@@ -471,7 +471,7 @@ def _not_writable(path: str, created: bool) -> str | None:
 
 # The modules that declare seams (each declares its own at import); imported so the registry is whole.
 _SEAM_MODULES = ("gpuprobe._capture", "gpuprobe._sync_audit", "gpuprobe._bootstrap",
-                 "gpuprobe.integrations.transformers", "gpuprobe.integrations._hf.continuous",
+                 "gpuprobe.integrations.transformers", "gpuprobe.integrations._transformers.continuous",
                  "gpuprobe.integrations.opentelemetry")
 
 
@@ -497,7 +497,7 @@ def _seams(ctx: _Context) -> Line:
     if hf is not None:
         try:
             hf.check_version()
-            mixin = hf._transformers().GenerationMixin
+            mixin = hf._import_transformers().GenerationMixin
         except Exception:  # not installed, or outside the range (its own line says so)
             mixin = None
         if mixin is not None:
@@ -506,11 +506,11 @@ def _seams(ctx: _Context) -> Line:
             checked.update({seam.name: why for seam, why, _ in refused})
             for seam in (hf.SEAM_CLASS_GENERATE, hf.SEAM_CLASS_CONTINUOUS):
                 checked[seam.name] = seam.mismatch(mixin)
-            from .integrations._hf import continuous as hf_continuous
+            from .integrations._transformers import continuous as hf_continuous
 
             for name, cls in hf_continuous.owner_classes().items():
                 checked[name] = _seams.seam(name).mismatch(cls)
-            against.append(f"transformers {hf._transformers().__version__}")
+            against.append(f"transformers {hf._import_transformers().__version__}")
     rows = []
     for st in _seams.status():
         state, why = st["state"], st["why"]

@@ -7,7 +7,7 @@ Usage:
     python scripts/versions.py check               # every place that declares transformers' range agrees
 
 The range is written once per extra in pyproject.toml (``transformers`` and ``instruments``) and once
-in gpuprobe/integrations/_hf/compat.py (``SUPPORTED_VERSIONS``, checked at run time); ``check``
+in gpuprobe/integrations/_transformers/compat.py (``SUPPORTED_VERSIONS``, checked at run time); ``check``
 fails, naming each place, when they differ. Only the standard library (and pip's own TOML reader on
 Python 3.10) is used, so any interpreter of the project can run it before a virtual environment exists.
 """
@@ -24,7 +24,7 @@ except ImportError:  # Python 3.10
     from pip._vendor import tomli as tomllib  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parents[1]
-INTEGRATION = ROOT / "gpuprobe" / "integrations" / "_hf" / "compat.py"
+INTEGRATION = ROOT / "gpuprobe" / "integrations" / "_transformers" / "compat.py"
 # The extra whose requirement CI's floor run pins, per package; the others must agree with it.
 EXTRAS = {"transformers": ("transformers", "instruments"), "torch": ("transformers",)}
 _REQ = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(\[[^\]]*\])?\s*([^;]*)")

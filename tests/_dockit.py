@@ -178,7 +178,7 @@ FILES: dict[str, str] = {
     # name in the docs: what stands for it in each doc's working folder
     "tests/data": "the repository's tests/data (read-only)",
     "examples": "the repository's examples/ (read-only)",
-    "integrations": "a copy of the repository's integrations/ (commands rewrite it)",
+    "deploy": "a copy of the repository's deploy/ (commands rewrite it)",
     "docs/img": "an empty folder (pictures commands draw)",
     "tiny": "the tiny Llama (tests/serving/_servekit.build_tiny_model)",
     "serve.py": "a server stand-in: the tiny Llama, instrumented, 8 requests of 24 tokens, one decode step "

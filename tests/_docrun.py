@@ -189,17 +189,17 @@ LINKS = {
     "rank0.json.gz": "{root}/tests/data/kineto/param_dlrm_8rank/rank-0.json.gz",
     "rank1.json.gz": "{root}/tests/data/kineto/param_dlrm_8rank/rank-1.json.gz",
 }
-assert set(LINKS) | {"integrations", "docs/img"} == set(_dockit.FILES), "FILES and LINKS name the same files"
+assert set(LINKS) | {"deploy", "docs/img"} == set(_dockit.FILES), "FILES and LINKS name the same files"
 
 
 def make_folder(folder: Path, shared: Path) -> None:
-    """A doc's working folder: links to the shared stand-ins, its own copy of integrations/."""
+    """A doc's working folder: links to the shared stand-ins, its own copy of deploy/."""
     folder.mkdir(parents=True, exist_ok=True)
     for name, target in LINKS.items():
         link = folder / name
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target.format(root=ROOT, shared=shared))
-    shutil.copytree(ROOT / "integrations", folder / "integrations", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "deploy", folder / "deploy", ignore=shutil.ignore_patterns("__pycache__"))
     (folder / "docs" / "img").mkdir(parents=True)
 
 

@@ -97,7 +97,7 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 12
 
 def patch_host_clock(monkeypatch: Any, package: str, clock: Callable[[], int]) -> None:
     """Make ``clock`` the host clock (``perf_counter_ns``) of every module of ``package`` that reads it,
-    e.g. ``"gpuprobe.integrations._hf.generate"``."""
+    e.g. ``"gpuprobe.integrations._transformers.generate"``."""
     root = importlib.import_module(package)
     for info in pkgutil.walk_packages(root.__path__, package + "."):
         module = importlib.import_module(info.name)

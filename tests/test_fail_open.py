@@ -34,8 +34,8 @@ from gpuprobe.testing import reset, seam_fault
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gpuprobe.integrations._hf import generate as hf_generate  # noqa: E402
-from gpuprobe.integrations._hf.generate import timed as hf_timed  # noqa: E402
+from gpuprobe.integrations._transformers import generate as hf_generate  # noqa: E402
+from gpuprobe.integrations._transformers.generate import timed as hf_timed  # noqa: E402
 from gpuprobe.integrations import transformers as hf  # noqa: E402
 
 from helpers import cpu_continuous_batching_cannot_pin  # noqa: E402

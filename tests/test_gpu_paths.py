@@ -403,7 +403,7 @@ def test_a_window_records_the_device_work_of_its_steps(sim, tmp_path: Path) -> N
 
 
 def test_kernel_sampling_counts_kernels_copies_and_sets_only(sim) -> None:  # type: ignore[no-untyped-def]
-    from gpuprobe.profiling import _KinetoRecorder
+    from gpuprobe._kernel_sampler import _KinetoRecorder
 
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                               torch.profiler.ProfilerActivity.CUDA])
@@ -446,10 +446,10 @@ def test_a_kernel_sample_is_started_and_stopped_on_one_thread(sim) -> None:  # t
 @pytest.mark.parametrize("cuda_up_at_attach", [False, True])
 def test_kernel_sampling_warms_the_profiler_up_before_graphs_are_captured(simcuda, exporter,  # type: ignore[no-untyped-def]
                                                                          cuda_up_at_attach: bool) -> None:
-    from gpuprobe import profiling
+    from gpuprobe import _kernel_sampler, profiling
 
     sim = simcuda(1)
-    profiling._warmed_up = False  # a fresh process, as far as the warm-up is concerned
+    _kernel_sampler._warmed_up = False  # a fresh process, as far as the warm-up is concerned
     if cuda_up_at_attach:
         torch.cuda.current_device()
     sampler = profiling.KernelSampler(2).attach()  # e.g. GPUPROBE_KERNEL_SAMPLING at start-up

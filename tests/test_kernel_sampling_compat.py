@@ -74,7 +74,7 @@ def test_the_sampler_exports_the_device_work_of_the_sampled_steps(kineto_shape, 
 
 
 def test_the_reader_keeps_kernels_copies_and_sets_only(kineto_shape, sim) -> None:  # noqa: F811
-    from gpuprobe.profiling import _KinetoRecorder
+    from gpuprobe._kernel_sampler import _KinetoRecorder
 
     if not kineto_shape <= public_methods(type(real_cpu_event())):
         pytest.skip(f"torch {torch.__version__}'s own CPU events, traced here too, lack methods of this stand-in")

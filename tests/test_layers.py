@@ -54,9 +54,9 @@ def test_no_import_runs_back_up_the_layers() -> None:
 def test_a_back_edge_is_found() -> None:
     layers = layer_table(DOC.read_text(encoding="utf-8"))
     graph = {"gpuprobe.runtime": {"gpuprobe.integrations.transformers"}, "gpuprobe.integrations.kit":
-             {"gpuprobe.integrations._hf.series"}, "gpuprobe._sync_audit": {"gpuprobe.experiment.remedies"}}
+             {"gpuprobe.integrations._transformers.series"}, "gpuprobe._sync_audit": {"gpuprobe.experiment.remedies"}}
     assert back_edges(graph, layers) == [
-        "gpuprobe.integrations.kit (layer 3) imports gpuprobe.integrations._hf.series (layer 5)",
+        "gpuprobe.integrations.kit (layer 3) imports gpuprobe.integrations._transformers.series (layer 5)",
         "gpuprobe.runtime (layer 2) imports gpuprobe.integrations.transformers (layer 5)",
     ]
 

@@ -126,7 +126,7 @@ def test_cpu_recorders_see_the_same_operators(model) -> None:  # type: ignore[no
     # The autograd profiler's CPU state (cheaper) and torch.profiler's kineto CPU trace must give the
     # same operators for the same forward: same count per category, and self times that add up to
     # less than the step.
-    from gpuprobe.profiling import _CpuLegacyRecorder, _KinetoRecorder
+    from gpuprobe._kernel_sampler import _CpuLegacyRecorder, _KinetoRecorder
     import time
 
     ids = torch.randint(0, 128, (1, 8))
@@ -202,7 +202,7 @@ def test_categorize_events_on_real_gpu_kernels() -> None:
 
 
 def test_cpu_self_time_subtracts_children() -> None:
-    from gpuprobe.profiling import _cpu_self_times
+    from gpuprobe._kernel_sampler import _cpu_self_times
 
     events = [
         ("aten::linear", 0, 100, 1),

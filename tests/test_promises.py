@@ -2,7 +2,7 @@
 
 Two promises, each read from the source with :mod:`ast` (no import of torch or transformers needed):
 
-**Every reading of transformers' own objects is in** ``gpuprobe/integrations/_hf/compat.py``. In the
+**Every reading of transformers' own objects is in** ``gpuprobe/integrations/_transformers/compat.py``. In the
 transformers integration (every module of ``gpuprobe/integrations/``), a *transformers object* is
 
 - a name bound to a transformers module (``import transformers``, ``from transformers... import x``,
@@ -47,7 +47,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gpuprobe"
 INTEGRATIONS = PACKAGE / "integrations"
-TRANSFORMERS_COMPAT = INTEGRATIONS / "_hf" / "compat.py"
+TRANSFORMERS_COMPAT = INTEGRATIONS / "_transformers" / "compat.py"
 TORCH_COMPAT = (PACKAGE / "_torch_caps.py", PACKAGE / "testing" / "simcuda" / "_torch_compat.py")
 TORCH_SEAM_MODULES = {
     # The sync audit's seam (`torch.sync_audit.kernels`) is torch's dispatcher itself: its targets are
@@ -367,7 +367,7 @@ def test_every_reading_of_transformers_objects_is_in_compat() -> None:
     allowed = STABLE_API | _seam_attributes()
     hits = [hit for path in sorted(INTEGRATIONS.rglob("*.py")) if path != TRANSFORMERS_COMPAT
             for hit in transformers_reads(path.read_text(encoding="utf-8"), _relative(path), allowed)]
-    assert [str(h) for h in hits] == [], "read transformers' objects through gpuprobe/integrations/_hf/compat.py"
+    assert [str(h) for h in hits] == [], "read transformers' objects through gpuprobe/integrations/_transformers/compat.py"
 
 
 def test_every_private_torch_name_is_in_the_torch_compat_modules() -> None:

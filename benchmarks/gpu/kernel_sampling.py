@@ -27,7 +27,7 @@ def measure(size: str, budget: Budget) -> dict[str, Any]:
                                rounds=budget.rounds(), recorders={"sampled": None})
     plain, sampled = result["times"][None], result["times"]["sampled"]
     est = cpu_bench.overhead(sampled, plain, every=EVERY, steps=SEGMENT, hook_ns=result["hook_ns"])
-    from gpuprobe import profiling
+    from gpuprobe import _kernel_sampler
 
     return {"figures": [
         figure("plain ms/step", [1e3 * t / SEGMENT for t in plain], "ms"),
@@ -40,5 +40,5 @@ def measure(size: str, budget: Budget) -> dict[str, Any]:
                 "bootstrap interval"},
     ], "setup": {"model": _models.describe(size), "device": str(model.device), "every": EVERY,
                  "segment_steps": SEGMENT, "step": "model(ids) on 1 token, no cache",
-                 "recorder": type(profiling._recorder()).__name__, "hook_ns": result["hook_ns"],
+                 "recorder": type(_kernel_sampler._recorder()).__name__, "hook_ns": result["hook_ns"],
                  "plain_step_ms_median": 1e3 * statistics.median(plain) / SEGMENT}}

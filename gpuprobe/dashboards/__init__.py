@@ -3,8 +3,8 @@
 Everything here is generated from :data:`gpuprobe._metrics.SPECS` and
 :func:`gpuprobe._metrics.prometheus_name`, so every query names a series gpuprobe really exports::
 
-    python -m gpuprobe dashboard                  # write integrations/grafana/dashboards/*.json
-                                                  # and integrations/prometheus/*.yml
+    python -m gpuprobe dashboard                  # write deploy/grafana/dashboards/*.json
+                                                  # and deploy/prometheus/*.yml
     python -m gpuprobe dashboard --check          # fail if the files on disk differ from the generator
     python -m gpuprobe dashboard --scrape-config --ranks 8 --base-port 9464
     python -m gpuprobe dashboard --verify http://127.0.0.1:9090   # does every panel have data?

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _folders(args: argparse.Namespace) -> None:
     """Fill in the output folders: everything under ``--out`` when it is given (the Prometheus files in
-    its ``prometheus`` folder), the repository's ``integrations/`` folders when neither is."""
+    its ``prometheus`` folder), the repository's ``deploy/`` folders when neither is."""
     if args.prometheus_out is None:
         args.prometheus_out = PROMETHEUS_DIR if args.out is None else os.path.join(args.out, PROMETHEUS_SUBDIR)
     if args.out is None:

@@ -22,11 +22,11 @@ since ``generate`` fetches it from ``type(self)``). :func:`uninstrument` removes
 
 Continuous batching (``generate_batch``, ``init_continuous_batching``, ``transformers serve
 --continuous-batching``) is observed through the manager ``init_continuous_batching`` returns: per
-request, per scheduler step and the paged KV cache (see :mod:`._hf.continuous` and ``docs/serving.md``).
+request, per scheduler step and the paged KV cache (see :mod:`._transformers.continuous` and ``docs/serving.md``).
 
 Supported: transformers >= 5.18, < 6 (tested with 5.18 and 5.24, docs/compatibility.md); greedy, sampling and beam search, static and
 dynamic caches, streamers, user logits processors and stopping criteria; assisted decoding and prompt
-lookup, step by step with their drafts and what the main model accepts (:mod:`._hf.generate.speculative`);
+lookup, step by step with their drafts and what the main model accepts (:mod:`._transformers.generate.speculative`);
 models with a ``generate()`` of their own (Whisper, MusicGen). The modes transformers moved to the Hub and
 ``custom_generate`` functions get the per-call metrics only (the table in ``docs/transformers.md``).
 """
@@ -44,8 +44,8 @@ from typing import Any, TypeVar
 from .. import _seams
 from ..errors import ConfigError, GpuprobeError
 from ..runtime import DISABLED_AT_IMPORT, runtime
-from ._hf import generate as _g
-from ._hf.compat import (
+from ._transformers import generate as _g
+from ._transformers.compat import (
     SUPPORTED_VERSIONS,
     TESTED_VERSION,  # noqa: F401 (read by gpuprobe doctor)
     UnsupportedModelError,
@@ -54,9 +54,9 @@ from ._hf.compat import (
     check_version,
     model_names,
 )
-from ._hf.compat import import_transformers as _transformers
-from ._hf.generate.layers import find_layers
-from ._hf.generate.seams import fit_method_seams
+from ._transformers.compat import import_transformers as _import_transformers
+from ._transformers.generate.layers import find_layers
+from ._transformers.generate.seams import fit_method_seams
 
 __all__ = [
     "instrument",
@@ -408,7 +408,7 @@ def instrument_class(cls: C | None = None, **options: Any) -> C:
         >>> _ = instrument_class(GPT2LMHeadModel, layers=True)
         >>> _ = uninstrument_class(GPT2LMHeadModel)
     """
-    tr = _transformers()
+    tr = _import_transformers()
     check_version()
     mixin = tr.GenerationMixin
     cls = mixin if cls is None else cls
@@ -452,7 +452,7 @@ def uninstrument_class(cls: C | None = None) -> C:
         >>> from gpuprobe.integrations.transformers import uninstrument_class
         >>> _ = uninstrument_class()  # nothing to undo: no error
     """
-    tr = _transformers()
+    tr = _import_transformers()
     cls = tr.GenerationMixin if cls is None else cls
     with _lock:
         patch = _class_patches.pop(cls, None)

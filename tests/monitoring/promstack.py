@@ -32,8 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 WORKLOAD = os.path.join(HERE, "workload.py")
-DASHBOARD_DIR = os.path.join(ROOT, "integrations", "grafana", "dashboards")
-PROMETHEUS_DIR = os.path.join(ROOT, "integrations", "prometheus")
+DASHBOARD_DIR = os.path.join(ROOT, "deploy", "grafana", "dashboards")
+PROMETHEUS_DIR = os.path.join(ROOT, "deploy", "prometheus")
 SIM_INSTANCE = "otel-collector-sim:8889"
 
 
@@ -206,7 +206,7 @@ class Stack:
 
 
 def shipped_dashboards() -> list[dict]:
-    """The dashboard JSON files in integrations/grafana/dashboards."""
+    """The dashboard JSON files in deploy/grafana/dashboards."""
     out = []
     for name in sorted(os.listdir(DASHBOARD_DIR)):
         if name.endswith(".json"):

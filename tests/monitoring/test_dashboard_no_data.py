@@ -125,7 +125,7 @@ def test_inline_quantiles_with_out_writes_everything_under_out(tmp_path, monkeyp
     work.mkdir()
     monkeypatch.chdir(work)
     assert dash.main(["--inline-quantiles", "--out", str(out)]) == 0
-    assert _tree(str(work)) == []  # nothing in the current folder (it was ./integrations/prometheus/)
+    assert _tree(str(work)) == []  # nothing in the current folder (it was ./deploy/prometheus/)
     prom = [os.path.join(PROMETHEUS_SUBDIR, n) for n in sorted(dash.prometheus_files())]
     assert _tree(str(out)) == sorted(["gpuprobe-overview.json", "gpuprobe-ranks.json", *prom])
     inline = dash.dashboard_files(inline=True)

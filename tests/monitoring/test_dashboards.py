@@ -30,7 +30,7 @@ from .promstack import (
     shipped_dashboards,
 )
 
-GRAFANA_DIR = os.path.join(ROOT, "integrations", "grafana")
+GRAFANA_DIR = os.path.join(ROOT, "deploy", "grafana")
 
 
 def _check(*extra: str) -> int:
@@ -309,7 +309,7 @@ def test_promtool_rejects_a_broken_rule_naming_it(tmp_path) -> None:  # type: ig
 # -- other integrations ----------------------------------------------------------------------------------
 
 def test_otel_collector_config_receives_otlp_http_and_exports_to_prometheus() -> None:
-    with open(os.path.join(ROOT, "integrations", "otel-collector", "otel-collector.yaml")) as f:
+    with open(os.path.join(ROOT, "deploy", "otel-collector", "otel-collector.yaml")) as f:
         cfg = yaml.safe_load(f)
     assert cfg["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
     assert cfg["exporters"]["prometheus"]["endpoint"] == "127.0.0.1:8889"
@@ -330,7 +330,7 @@ def test_grafana_provisioning_loads_the_dashboard_folder_and_a_prometheus_source
     with open(os.path.join(GRAFANA_DIR, "provisioning", "datasources", "prometheus.yaml")) as f:
         source = yaml.safe_load(f)["datasources"][0]
     assert source["type"] == "prometheus" and source["jsonData"]["timeInterval"] == "5s"
-    assert not os.path.exists(os.path.join(ROOT, "integrations", "__init__.py"))
+    assert not os.path.exists(os.path.join(ROOT, "deploy", "__init__.py"))
 
 
 def test_docs_tables_are_the_generated_ones() -> None:

@@ -202,7 +202,7 @@ def test_device_clock_latencies_stay_apart_from_what_a_client_sees(stack: Stack)
 
 def test_plot_script_draws_the_main_series(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location(
-        "plot_from_prometheus", os.path.join(ROOT, "integrations", "grafana", "plot_from_prometheus.py"))
+        "plot_from_prometheus", os.path.join(ROOT, "deploy", "grafana", "plot_from_prometheus.py"))
     assert spec and spec.loader
     plot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plot)

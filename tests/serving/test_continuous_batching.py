@@ -354,7 +354,7 @@ def test_instrument_all_covers_a_model_that_only_ever_batches_continuously(cpu_b
 
 def test_a_failure_of_gpuprobe_inside_the_loop_is_warned_once_and_generation_goes_on(
         model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuprobe.integrations._hf.continuous.loop import Loop
+    from gpuprobe.integrations._transformers.continuous.loop import Loop
 
     def broken(*args: Any) -> None:
         raise ZeroDivisionError("a bug in gpuprobe")
@@ -389,8 +389,8 @@ def test_on_a_gpu_the_step_is_timed_on_the_processors_compute_stream(sim: Any) -
     Events on the default stream, busy with other work here, would time that instead."""
     from transformers.generation.continuous_batching.requests import FutureRequestState, RequestState, RequestStatus
 
-    from gpuprobe.integrations._hf.continuous import ServingState
-    from gpuprobe.integrations._hf.series import RequestSeries
+    from gpuprobe.integrations._transformers.continuous import ServingState
+    from gpuprobe.integrations._transformers.series import RequestSeries
     from gpuprobe.runtime import runtime
 
     compute = torch.cuda.Stream(0)

@@ -134,7 +134,7 @@ def on_simulated_gpu(simcuda: Any, monkeypatch: pytest.MonkeyPatch, model: Any, 
     (``copy`` ns) and waits for them, as ``ContinuousBatchingIOs`` does on a GPU."""
     sim = simcuda(1, cpu_tensors_on=0)
     torch.cuda.current_device()  # the program has initialized CUDA
-    patch_host_clock(monkeypatch, "gpuprobe.integrations._hf.continuous", lambda: sim.now_ns(0))
+    patch_host_clock(monkeypatch, "gpuprobe.integrations._transformers.continuous", lambda: sim.now_ns(0))
     # A CPU build of torch cannot pin host memory; transformers pins its host buffers when it sees a GPU.
     monkeypatch.setattr(input_outputs, "get_available_devices", lambda: ("cpu",))
     timeline = Timeline()
@@ -358,13 +358,13 @@ def test_with_asynchronous_batching_the_first_token_is_confirmed_a_turn_later(
         simcuda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The update of a turn reads the previous forward's tokens; a forward launched while the previous one
     still runs is reached by the GPU only after it, and that wait is in neither part of the device TTFT."""
-    from gpuprobe.integrations._hf.continuous import ServingState
-    from gpuprobe.integrations._hf.series import RequestSeries
+    from gpuprobe.integrations._transformers.continuous import ServingState
+    from gpuprobe.integrations._transformers.series import RequestSeries
 
     W, L, C = 4 * MS, 300 * US, 20 * US
     sim = simcuda(1)
     torch.cuda.current_device()
-    patch_host_clock(monkeypatch, "gpuprobe.integrations._hf.continuous", lambda: sim.now_ns(0))
+    patch_host_clock(monkeypatch, "gpuprobe.integrations._transformers.continuous", lambda: sim.now_ns(0))
     states = {rid: RequestState(request_id=rid, initial_tokens=[3] * n, max_new_tokens=100)
               for rid, n in (("a", 6), ("b", 5))}
     plan = [[("a", 6, True)], [("a", 0, True)], [("a", 0, True), ("b", 5, True)], [("a", 0, True), ("b", 0, True)]]
@@ -418,8 +418,8 @@ def test_with_asynchronous_batching_the_first_token_is_confirmed_a_turn_later(
 
 def test_a_request_that_never_gets_its_first_token_gives_its_events_back(simcuda: Any) -> None:
     """A prompt split over steps holds an open event from its first forward; the loop ends before its last chunk."""
-    from gpuprobe.integrations._hf.continuous import ServingState
-    from gpuprobe.integrations._hf.series import RequestSeries
+    from gpuprobe.integrations._transformers.continuous import ServingState
+    from gpuprobe.integrations._transformers.series import RequestSeries
 
     sim = simcuda(1)
     torch.cuda.current_device()

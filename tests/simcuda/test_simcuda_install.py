@@ -182,7 +182,7 @@ def test_a_binding_gpuprobe_made_while_installed_gets_the_original_back() -> Non
     """``steps.profiling`` is bound to torch's profiler check when a model is instrumented; instrumented under
     a simulation, it holds the simulation's check, which must not outlive the simulation."""
     from gpuprobe import _torch_caps
-    from gpuprobe.integrations._hf.generate import steps
+    from gpuprobe.integrations._transformers.generate import steps
 
     real = torch._C._autograd._profiler_enabled
     previous = steps.profiling

@@ -10,46 +10,19 @@ import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _hfkit import Scrape, build, torch  # noqa: E402
+from _hfkit import Scrape  # noqa: E402
+from _model_fixtures import isolated_models, make_model  # noqa: E402,F401 (fixtures of this folder)
 
 import gpuprobe  # noqa: E402
-from gpuprobe.integrations import transformers as hf  # noqa: E402
-from gpuprobe.testing import reset  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # tests/conftest.py skips tests marked cuda when no CUDA device is present.
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
-
-
-@pytest.fixture(autouse=True)
-def _isolated() -> Iterator[None]:
-    """Zeroed metrics and a fixed seed before; nothing instrumented after."""
-    reset()
-    torch.manual_seed(0)
-    yield
-    hf.uninstrument_all()
-    reset()
-
-
-@pytest.fixture
-def make_model() -> Iterator[Callable[..., Any]]:
-    """``make_model("llama")`` → a tiny model in eval mode, uninstrumented at teardown."""
-    made: list[Any] = []
-
-    def make(family: str = "llama") -> Any:
-        model = build(family).eval()
-        made.append(model)
-        return model
-
-    yield make
-    for m in made:
-        hf.uninstrument(m)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 from _hfkit import prompt, transformers
 
 import gpuprobe
-from gpuprobe.integrations._hf import generate as hf_generate
+from gpuprobe.integrations._transformers import generate as hf_generate
 from gpuprobe.integrations.transformers import instrument
 
 REQUEST = "gen_ai.server.request.duration"

@@ -10,7 +10,7 @@ import pytest
 from _hfkit import FAMILIES, prompt, torch, transformers
 
 import gpuprobe
-from gpuprobe.integrations._hf import generate as hf_generate
+from gpuprobe.integrations._transformers import generate as hf_generate
 from gpuprobe.integrations import transformers as hf
 
 TTFT = "gen_ai.server.time_to_first_token"

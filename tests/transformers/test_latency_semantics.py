@@ -31,7 +31,7 @@ TPOT = "gen_ai.server.time_per_output_token"
 ITL = "gpuprobe.inter_token.duration"
 REQUEST = "gen_ai.server.request.duration"
 STEP = "gpuprobe.step.duration"
-GENERATE = "gpuprobe.integrations._hf.generate"  # the modules whose host clock the tests set
+GENERATE = "gpuprobe.integrations._transformers.generate"  # the modules whose host clock the tests set
 
 utils = transformers.generation.utils
 

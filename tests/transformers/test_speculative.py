@@ -248,7 +248,7 @@ def test_the_draft_model_drafts_as_it_does_without_gpuprobe(make_model) -> None:
 
 def test_a_failure_in_the_forward_hook_leaves_the_output_and_turns_the_steps_off(make_model, monkeypatch) -> None:
     from gpuprobe import _seams
-    from gpuprobe.integrations._hf.generate import speculative
+    from gpuprobe.integrations._transformers.generate import speculative
 
     model = make_model("llama")
     assistant = assistant_of(model, 0.05)

@@ -1,10 +1,10 @@
 """The record target that generate() and continuous batching both give a decoding step's device span
-(``gpuprobe.integrations._hf.series``): the step's device series once, the device inter-token latency
+(``gpuprobe.integrations._transformers.series``): the step's device series once, the device inter-token latency
 once per output token its forward selected."""
 
 from __future__ import annotations
 
-from gpuprobe.integrations._hf.series import DecodeSpan, StepSeries
+from gpuprobe.integrations._transformers.series import DecodeSpan, StepSeries
 from gpuprobe.runtime import runtime
 
 

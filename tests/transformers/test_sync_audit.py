@@ -12,7 +12,7 @@ import pytest
 from _hfkit import Scrape, prompt, torch, transformers
 
 import gpuprobe
-from gpuprobe.integrations._hf import generate as hf_generate
+from gpuprobe.integrations._transformers import generate as hf_generate
 from gpuprobe.integrations.transformers import instrument
 from gpuprobe.runtime import runtime
 

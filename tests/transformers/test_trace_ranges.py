@@ -18,7 +18,7 @@ import pytest
 from _hfkit import prompt, torch, transformers
 
 import gpuprobe
-from gpuprobe.integrations._hf.generate import marks as hf_marks, steps as hf_steps
+from gpuprobe.integrations._transformers.generate import marks as hf_marks, steps as hf_steps
 from gpuprobe.integrations.transformers import instrument
 
 BUILT_IN = "RepetitionPenaltyLogitsProcessor"

@@ -18,7 +18,7 @@ from _hfkit import build, prompt, torch
 
 import gpuprobe
 from gpuprobe.integrations.transformers import instrument, uninstrument
-from gpuprobe.integrations._hf.generate.utilization import measure
+from gpuprobe.integrations._transformers.generate.utilization import measure
 from gpuprobe.testing import InMemoryExporter, reset
 
 MBU = "gpuprobe.step.memory_bandwidth.utilization"

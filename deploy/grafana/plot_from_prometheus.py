@@ -4,11 +4,11 @@ Where no Grafana is at hand, this renders the same queries (read from the shippe
 template variables filled in) with ``query_range`` into one PNG, a subplot per panel::
 
     # against a Prometheus you run (see docs/grafana.md)
-    python integrations/grafana/plot_from_prometheus.py --prometheus http://127.0.0.1:9090 --minutes 10 \
+    python deploy/grafana/plot_from_prometheus.py --prometheus http://127.0.0.1:9090 --minutes 10 \
         --out overview.png
 
     # all in one: start Debian's /usr/bin/prometheus and the demo, warm up 60 s, record, plot, stop both
-    python integrations/grafana/plot_from_prometheus.py --run-demo --seconds 150 --out docs/img/overview.png
+    python deploy/grafana/plot_from_prometheus.py --run-demo --seconds 150 --out docs/img/overview.png
 
 Needs matplotlib (``pip install 'gpuprobe[report]'``).
 """
@@ -169,7 +169,7 @@ def run_demo(out: str, seconds: float, workload: str, warmup: float = 60.0,
     """Start Prometheus (2 s scrapes, the shipped rules) and ``workload``; after ``warmup`` seconds (so the
     1 minute rate windows are full) record ``seconds``, plot, and stop both."""
     port, prom_port = _free_port(), _free_port()
-    rules = [os.path.join(ROOT, "integrations", "prometheus", name) for name in (dash.RULES_FILE, dash.ALERTS_FILE)]
+    rules = [os.path.join(ROOT, "deploy", "prometheus", name) for name in (dash.RULES_FILE, dash.ALERTS_FILE)]
     config = dash.scrape_config(base_port=port, interval="2s", rule_files=rules)
     with tempfile.TemporaryDirectory(prefix="gpuprobe-plot-") as work:
         path = os.path.join(work, "prometheus.yml")

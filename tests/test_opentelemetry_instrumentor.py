@@ -14,11 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _hfkit import ROOT, prompt
 
-import gpuprobe
-from gpuprobe.integrations.transformers import SUPPORTED_VERSIONS, is_instrumented
-from gpuprobe.testing import reset
+KIT = Path(__file__).resolve().parent / "transformers"  # the tiny models' kit
+sys.path.insert(0, str(KIT))
+from _hfkit import ROOT, prompt  # noqa: E402
+from _model_fixtures import isolated_models, make_model  # noqa: E402,F401 (fixtures)
+
+import gpuprobe  # noqa: E402
+from gpuprobe.integrations.transformers import SUPPORTED_VERSIONS, is_instrumented  # noqa: E402
+from gpuprobe.testing import reset  # noqa: E402
 
 pytest.importorskip("opentelemetry.instrumentation")
 pytest.importorskip("opentelemetry.sdk")
@@ -143,7 +147,7 @@ def test_opentelemetry_instrument_finds_gpuprobe_through_its_entry_point(tmp_pat
     if not command.exists():
         pytest.skip("opentelemetry-instrument is not installed next to this Python")
     script = tmp_path / "app.py"
-    script.write_text(textwrap.dedent(APP.format(kit=str(Path(__file__).resolve().parent))))
+    script.write_text(textwrap.dedent(APP.format(kit=str(KIT))))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPROBE_", "OTEL_"))}
     env["PYTHONPATH"] = str(ROOT)
     env["GPUPROBE_COLLECT_INTERVAL"] = "0.05"  # the bridge writes every background round

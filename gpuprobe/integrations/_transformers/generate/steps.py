@@ -264,7 +264,7 @@ class StepMachine:
         records = ctx.records
         append = records.append
         # The step's host duration and (below) its device span: the same two records as continuous
-        # batching's close_step (gpuprobe.integrations._hf.continuous.loop), on the same StepSeries
+        # batching's close_step (gpuprobe.integrations._transformers.continuous.loop), on the same StepSeries
         # targets (DecodeSpan, series.py). Why written out in both and not one shared method: a call is
         # one more Python call per decode step (of the 9.75 gpuprobe makes, benchmarks/step_calls.py), and
         # the device record differs here (a shared boundary event, MBU/MFU, a token held back one step).

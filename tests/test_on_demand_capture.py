@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 import urllib.error
@@ -20,13 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _hfkit import prompt, transformers
 
-import gpuprobe
-from gpuprobe.integrations.transformers import instrument
-from gpuprobe.report import analyze
-from gpuprobe.runtime import runtime
-from gpuprobe.testing import reset
+sys.path.insert(0, str(Path(__file__).resolve().parent / "transformers"))  # the tiny models' kit
+from _hfkit import prompt, transformers  # noqa: E402
+from _model_fixtures import isolated_models, make_model  # noqa: E402,F401 (fixtures)
+
+import gpuprobe  # noqa: E402
+from gpuprobe.integrations.transformers import instrument  # noqa: E402
+from gpuprobe.report import analyze  # noqa: E402
+from gpuprobe.runtime import runtime  # noqa: E402
+from gpuprobe.testing import reset  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="needs SIGUSR2")
 

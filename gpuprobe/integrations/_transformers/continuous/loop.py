@@ -381,7 +381,7 @@ class Loop(RequestTracking):
         dur = t - self.step_t0
         phase = self.phase
         # The step's host duration and (below) its device span: the same two records as generate()'s
-        # close_step (gpuprobe.integrations._hf.generate.steps), on the same StepSeries targets. Why
+        # close_step (gpuprobe.integrations._transformers.generate.steps), on the same StepSeries targets. Why
         # written out in both and not one shared method: one more Python call per step.
         append((serving.step_host[phase], dur))
         append((serving.c_schedule, self.sched_ns))

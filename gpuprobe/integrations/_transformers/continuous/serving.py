@@ -24,7 +24,7 @@ cancelled (the client went away), failed (an error)."""
 class ServingState:
     """The series of one model's continuous batching, prepared once, and the objects observed.
 
-    Made by the model's :class:`~gpuprobe.integrations._hf.generate.ModelState` the first time a
+    Made by the model's :class:`~gpuprobe.integrations._transformers.generate.ModelState` the first time a
     manager is created for the model.
     """
 
