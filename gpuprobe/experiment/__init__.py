@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpuprobe.experiment.cli import main
     from gpuprobe.experiment.outputs import OutputMatch
-    from gpuprobe.experiment.plot import plot
-    from gpuprobe.experiment.render import render
+    from gpuprobe.experiment.plotting import plot
+    from gpuprobe.experiment.rendering import render
     from gpuprobe.experiment.remedies import REMEDY_VARIANTS, RemedyVariants, remedy_line, try_command, \
         variant_for_sync_site
     from gpuprobe.experiment.result import TryResult, VariantResult, WorkloadResult
@@ -47,8 +47,8 @@ _LAZY = {
     "remedy_line": "gpuprobe.experiment.remedies",
     "try_command": "gpuprobe.experiment.remedies",
     "variant_for_sync_site": "gpuprobe.experiment.remedies",
-    "render": "gpuprobe.experiment.render",
-    "plot": "gpuprobe.experiment.plot",
+    "render": "gpuprobe.experiment.rendering",
+    "plot": "gpuprobe.experiment.plotting",
     "main": "gpuprobe.experiment.cli",
 }
 

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         from .load import load
-        from .render import render
+        from .rendering import render
         from .runner import check_variants, try_remedies
 
         check_variants(args.variants.split(","), args.variant)
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                               model_label=loaded.label, progress=say)
         result.notes.append(f"Loading the model took {loading:.1f} s, before the budget.")
         if args.plot:
-            from .plot import plot
+            from .plotting import plot
 
             _write(args.plot, lambda path: plot(result, path))
         text = render(result, args.format)

@@ -61,7 +61,7 @@ def test_every_recorded_series_carries_only_its_declared_attributes() -> None:
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)).eval()
-    instrument(model, model_name="tiny", layers=True, layer_every=1)
+    instrument(model, model_name="declared", layers=True, layer_every=1)
     _run_every_mode(model)
 
     seen: dict[str, list[dict[str, str]]] = {}
@@ -86,7 +86,7 @@ def test_every_recorded_series_carries_only_its_declared_attributes() -> None:
                 allowed = declared[key].values if key in declared else None
                 if allowed is not None and value not in allowed:
                     wrong.append(f"{name}: {key}={value!r} is not one of {allowed}")
-            if model_attribute is not None and labels.get(model_attribute) != "tiny":
+            if model_attribute is not None and labels.get(model_attribute) != "declared":
                 wrong.append(f"{name}: the model is not named by {model_attribute} in {labels}")
     assert not wrong, "\n".join(sorted(set(wrong)))
     # The user's own attribute rides on the probe's series.
