@@ -3,30 +3,17 @@ kineto traces recorded here on CPU from a tiny Llama model (built from a config,
 
 from __future__ import annotations
 
-import gzip
 import json
 import sqlite3
 from collections.abc import Callable
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tracefiles import read_trace, to_ns  # noqa: F401  (the fixtures below hand them out)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STEPS = 6  # forward calls of generate(max_new_tokens=6): one prefill and five decode steps
-
-
-def read_trace(path: str | Path) -> dict[str, Any]:
-    """The whole trace with plain json, numbers with a fraction as Decimal (exact)."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
-        return json.load(f, parse_float=Decimal)
-
-
-def to_ns(value: Any) -> int:
-    """Microseconds (int or Decimal) to integer nanoseconds."""
-    return int(Decimal(value) * 1000)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_trace, to_ns
+from tracefiles import read_trace, to_ns
 from test_findings_recorded import ItemProcessor  # two .item() and one nonzero() a step
 
 from gpuprobe.report import analyze

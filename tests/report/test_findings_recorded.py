@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_trace, to_ns
+from tracefiles import read_trace, to_ns
 
 from gpuprobe.report import analyze
 

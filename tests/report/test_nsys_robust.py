@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_trace, to_ns
+from tracefiles import read_trace, to_ns
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_trace, to_ns
+from tracefiles import read_trace, to_ns
 
 from gpuprobe.errors import ConfigError
 from gpuprobe.report import ReportInputError, analyze, diff

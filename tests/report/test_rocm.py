@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_trace, to_ns
+from tracefiles import read_trace, to_ns
 
 from gpuprobe._kernel_names import CATEGORIES, RULES, categorize_kernel, matching_rule
 from gpuprobe.report import analyze
