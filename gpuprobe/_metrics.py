@@ -514,6 +514,17 @@ class Family:
             self.children[key] = found
             return found
 
+    def forget_values(self) -> None:
+        """Forget which label values were seen: values not seen since get series of their own again.
+
+        The series made so far stay (prepared children remain valid); values that had folded into
+        ``other`` stop mapping there, and the cap counts from zero again.
+        """
+        with self._lock:
+            self._seen = {}
+            # A folded value's key maps to the ``other`` child, whose labels differ from that key.
+            self.children = {k: c for k, c in self.children.items() if k == c.labels}
+
     def series(self) -> list[Child]:
         """Distinct series (a folded key and its original map to one child)."""
         seen: dict[int, Child] = {}
@@ -574,8 +585,10 @@ class Registry:
             fam._lock = threading.Lock()
 
     def zero(self) -> None:
-        """Set every series back to zero in place (prepared children stay valid)."""
+        """Set every series back to zero in place (prepared children stay valid) and let each label take
+        ``max_label_values`` new values again (a reset, and a forked child, start a fresh budget)."""
         for fam in list(self.families.values()):
+            fam.forget_values()
             for child in fam.series():
                 if isinstance(child, HistogramChild):
                     child.counts = [0] * len(child.counts)

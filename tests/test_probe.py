@@ -314,6 +314,24 @@ def test_label_values_past_the_cap_fold_into_other() -> None:
     assert other.count == 3  # type: ignore[attr-defined]
 
 
+def test_a_zeroed_registry_gives_new_label_values_series_of_their_own_again() -> None:
+    # A reset (and a forked child) starts a fresh budget: a process that once passed the cap must not
+    # fold every later name into "other", and the series made before stay valid.
+    from gpuprobe._metrics import Registry
+
+    reg = Registry(max_label_values=2)
+    fam = reg.family(DUR)
+    first = fam.child(probe="a", kind="user", clock="host")
+    for name in ("b", "c"):
+        fam.child(probe=name, kind="user", clock="host")
+    assert dict(fam.child(probe="c", kind="user", clock="host").labels)["probe"] == "other"
+    reg.zero()
+    assert dict(fam.child(probe="c", kind="user", clock="host").labels)["probe"] == "c"
+    assert dict(fam.child(probe="d", kind="user", clock="host").labels)["probe"] == "d"
+    assert dict(fam.child(probe="e", kind="user", clock="host").labels)["probe"] == "other"
+    assert fam.child(probe="a", kind="user", clock="host") is first
+
+
 def test_memory_readings_are_taken_when_asked(exporter: InMemoryExporter, device_backend) -> None:  # type: ignore[no-untyped-def]
     sim = device_backend
     if sim is None and cuda_present():
