@@ -91,13 +91,7 @@ def analyze(
         # three times the rows shown: the timeline lists a call once, leaving out the events nested in it
         keep_longest=min(3 * top, 30_000) if wants_timeline else 1,
     )
-    if trace.format == "nsys-sqlite":
-        scan.consume(trace.events(progress))
-    else:
-        # Why the raw elements and not trace.events(): building an Event per element and reading it back
-        # cost half of a real trace's pass (benchmarks/report/RESULTS.md); consume_raw reads the usual
-        # records straight into the columns and hands every other element to to_event, as events() would.
-        scan.consume_raw(trace.raw_batches(progress), trace.refused)
+    trace.feed(scan, progress)
     options = Options(
         top=top,
         step_pattern=step_pattern,

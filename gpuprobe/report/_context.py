@@ -24,8 +24,6 @@ from gpuprobe._kernel_names import CATEGORIES, categorize_kernel, kernel_family
 from gpuprobe.report._columns import (
     ByThread,
     KernelGroup,
-    NumpyColumns,
-    PythonColumns,
     Spread,
     Windows,
     merge_intervals,
@@ -33,6 +31,8 @@ from gpuprobe.report._columns import (
     quantile,
     spread_of,
 )
+from gpuprobe.report._columns_numpy import NumpyColumns
+from gpuprobe.report._columns_python import PythonColumns
 from gpuprobe.report._events import MEMSET, TraceInfo
 from gpuprobe.report._scan import EVENT_KIND, GpuOpKind, TraceScan
 from gpuprobe.report._tables import Table

@@ -23,14 +23,18 @@ string and key lies inside one; ijson counts bytes, and a run of white space is 
 chunks read); nesting within Python's recursion limit for json and msgspec (1,000 by default, less
 the caller's frames), at most :data:`MAX_DEPTH` levels for ijson; integers of at most Python's 4,300 digits
 (``sys.get_int_max_str_digits()``; ijson refuses any run of more digits, even in a string).
+
+:class:`KinetoTrace` is the format's reader (see :mod:`gpuprobe.report._trace`).
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import re
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import IO, Any
@@ -50,10 +54,14 @@ from gpuprobe.report._events import (
     Event,
     FloatText,
     int_or,
+    TraceInfo,
     us_to_ns,
 )
+from gpuprobe.report._trace import Progress, Trace
 
 __all__ = [
+    "KinetoTrace",
+    "ENGINES",
     "iter_raw_text",
     "iter_raw_ijson",
     "to_event",
@@ -989,3 +997,155 @@ def number_to_int(value: Any) -> int | None:
     except (ArithmeticError, ValueError):
         return None
     return None
+
+
+#: JSON engines: ``auto`` (the default: ``msgspec`` when it is installed, else ``stdlib``), ``msgspec``
+#: (the fastest), ``stdlib`` and ``ijson`` (the reference twin). All give the same events.
+ENGINES: tuple[str, ...] = ("auto", "msgspec", "stdlib", "ijson")
+
+
+class KinetoTrace(Trace):
+    """A kineto trace, plain (``kineto-json``) or gzip (``kineto-gzip``), read by one of :data:`ENGINES`."""
+
+    source = "kineto"
+
+    def __init__(self, path: str, fmt: str, engine: str = "auto") -> None:
+        super().__init__(path, fmt)
+        self.engine = _resolve(engine)  # "msgspec", "stdlib" or "ijson"
+        self._zeroed: dict[str, int] = {}
+
+    def events(self, progress: Progress | None = None) -> Iterator[Event]:
+        self.info = TraceInfo(self.source)
+        refused = self.refused
+        for batch in self.raw_batches(progress):
+            for item in batch:
+                try:
+                    event = to_event(item)
+                except (MalformedEventError, DurationReadAsZero) as exc:  # rare: counted, said
+                    event = refused(item, exc)
+                if event is not None:
+                    yield event
+
+    def feed(self, scan: Any, progress: Progress | None = None) -> None:
+        # Why the raw elements and not events(): building an Event per element and reading it back
+        # cost half of a real trace's pass (benchmarks/report/RESULTS.md); consume_raw reads the usual
+        # records straight into the columns and hands every other element to to_event, as events() would.
+        scan.consume_raw(self.raw_batches(progress), self.refused)
+
+    def raw_batches(
+        self, progress: Progress | None = None, part: Part | None = None, meta: dict[str, Any] | None = None
+    ) -> Iterator[list[Any]]:
+        """Stream the elements of ``traceEvents`` in lists, as :func:`to_event` reads them (the fast
+        path of a report's pass; :meth:`events` is built on it).
+
+        The caller turns each element into an event with :func:`to_event` and hands every element it
+        refuses to :meth:`refused`; :attr:`info` is complete once the stream is exhausted.
+
+        Args:
+            progress: As for :meth:`events`.
+            part: Read only this part of a plain (not gzip) trace, with the ``msgspec`` or ``stdlib``
+                engine; the caller then completes :attr:`info` with :meth:`finish`.
+            meta: Filled with the top-level keys other than ``traceEvents`` (a part's own).
+
+        Raises:
+            ReportInputError: As for :meth:`events`.
+            BoundaryMissed: The head of ``part`` does not end where an element starts.
+        """
+        if part is None:
+            self.info = TraceInfo(self.source)
+        self._zeroed = {}
+        meta = {} if meta is None else meta
+        with open(self.path, "rb") as raw:
+            on_chunk = None
+            if progress is not None:
+                total = self.size
+
+                def on_chunk() -> None:
+                    progress(raw.tell(), total)
+
+            binary: Any = gzip.GzipFile(fileobj=raw, mode="rb") if self.format == "kineto-gzip" else raw
+            if part is not None:
+                if self.format != "kineto-json" or self.engine == "ijson":
+                    raise ValueError("only a plain kineto trace read by msgspec or json can be read in parts")
+                binary = open_part(raw, part)
+            try:
+                if self.engine == "ijson":
+                    yield from ([item] for item in iter_raw_ijson(binary, meta, on_chunk))
+                else:
+                    text = io.TextIOWrapper(binary, encoding="utf-8", errors="strict", newline="")
+                    yield from iter_raw_batches(text, meta, on_chunk, typed=self.engine == "msgspec", part=part)
+            except TraceFormatError as exc:
+                raise self._fail(str(exc)) from None
+            except EOFError:
+                raise self._fail("truncated gzip stream: the file ends before the end-of-stream marker") from None
+            except (gzip.BadGzipFile, zlib.error) as exc:
+                raise self._fail(f"corrupt gzip data ({exc})") from None
+            except UnicodeDecodeError as exc:
+                raise self._fail(f"not UTF-8 text at byte {exc.start}: not a JSON trace") from None
+            except OSError as exc:
+                raise self._fail(f"cannot read: {exc.strerror or exc}") from None
+        if part is None:
+            self.finish(meta)
+
+    def refused(self, item: Any, exc: MalformedEventError | DurationReadAsZero) -> Event | None:
+        """The event of an element :func:`to_event` refused: None and a count of it as skipped, or (a
+        duration read as 0 ns) the event and a count of that."""
+        if isinstance(exc, DurationReadAsZero):
+            try:
+                event = to_event(item, clamp=True)
+            except MalformedEventError as again:
+                self.info.skip(str(again))
+                return None
+            reason = str(exc)
+            self._zeroed[reason] = self._zeroed.get(reason, 0) + 1
+            return event
+        self.info.skip(str(exc))
+        return None
+
+    def zeroed(self) -> dict[str, int]:
+        """Events whose duration was read as 0 ns so far, by reason (in order of first sighting)."""
+        return self._zeroed
+
+    def finish(self, meta: dict[str, Any]) -> None:
+        """Complete :attr:`info` after :meth:`raw_batches`: the durations read as 0 ns, and what the
+        top-level keys ``meta`` say (the notes in that order).
+
+        Raises:
+            ReportInputError: ``meta`` has no ``traceEvents`` list.
+        """
+        info = self.info
+        info.notes.extend(
+            f"{n:,} event{'s have' if n != 1 else ' has'} {reason}: read as 0 ns" for reason, n in self._zeroed.items()
+        )
+        if meta.get("traceEvents") is not True:
+            if "traceEvents" in meta:
+                raise self._fail("not a kineto trace: 'traceEvents' is not a list")
+            raise self._fail("not a kineto trace: no 'traceEvents' list")
+        info.base_time_ns = self._metadata_int(meta, "baseTimeNanoseconds")
+        dist = meta.get("distributedInfo")
+        if isinstance(dist, dict):
+            info.rank = self._metadata_int(dist, "rank", "distributedInfo.")
+            info.world_size = self._metadata_int(dist, "world_size", "distributedInfo.")
+            if info.rank is not None:
+                info.rank_source = "distributedInfo.rank"
+        devices = meta.get("deviceProperties")
+        if isinstance(devices, list):
+            info.devices = [str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name")]
+
+    def _metadata_int(self, meta: dict[str, Any], key: str, prefix: str = "") -> int | None:
+        """An integer of the trace's metadata, or None; a note when it is there but is not one."""
+        value = meta.get(key)
+        number = number_to_int(value)
+        if number is None and value is not None:
+            self.info.notes.append(f"{prefix}{key} is not an integer within ±2**62: ignored")
+        return number
+
+
+def _resolve(engine: str) -> str:
+    if engine == "auto":
+        return "msgspec" if typed_available() else "stdlib"
+    if engine == "msgspec" and not typed_available():
+        from gpuprobe.errors import missing
+
+        raise missing("msgspec", "report")
+    return engine

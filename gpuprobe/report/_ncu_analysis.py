@@ -180,7 +180,8 @@ class NcuReport:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values; ``findings`` first."""
         body = dataclasses.asdict(self)
-        out: dict[str, Any] = {"schema": "gpuprobe.ncu/1", "findings": body.pop("findings")}
+        del body["findings"]
+        out: dict[str, Any] = {"schema": "gpuprobe.ncu/1", "findings": [f.to_dict() for f in self.findings]}
         out.update(body)
         return out
 
@@ -221,7 +222,10 @@ class NcuDiff:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values."""
-        return {"schema": "gpuprobe.ncu-diff/1", **dataclasses.asdict(self)}
+        body = dataclasses.asdict(self)
+        if self.findings is not None:
+            body["findings"] = [f.to_dict() for f in self.findings]
+        return {"schema": "gpuprobe.ncu-diff/1", **body}
 
 
 # ---------------------------------------------------------------------------- classification

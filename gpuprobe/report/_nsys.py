@@ -23,10 +23,13 @@ recursive view spins forever) or the export is refused; so a row costs what its 
 and one text or BLOB value may hold :data:`MAX_VALUE_BYTES` at most (a row read holds ten values at
 most); the whole read may cost :data:`STEPS_PER_BYTE` SQLite steps per byte of the file (at least
 :data:`MIN_STEPS`), which bounds its time by the file's size whatever the tables hold.
+
+:class:`NsysTrace` is the format's reader (see :mod:`gpuprobe.report._trace`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sqlite3
@@ -35,8 +38,9 @@ from collections.abc import Callable, Iterator
 
 from gpuprobe._kernel_names import strip_api_version
 from gpuprobe.report._events import KERNEL, LIMIT, MEMCPY, MEMSET, RANGE, RUNTIME, Event, TraceInfo, int_or
+from gpuprobe.report._trace import Progress, Trace
 
-__all__ = ["iter_events", "NsysFormatError", "open_export", "MAX_VALUE_BYTES", "STEPS_PER_BYTE", "MIN_STEPS"]
+__all__ = ["NsysTrace", "iter_events", "NsysFormatError", "open_export", "MAX_VALUE_BYTES", "STEPS_PER_BYTE", "MIN_STEPS"]
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -93,6 +97,30 @@ STEPS_PER_BYTE = 200
 MIN_STEPS = 1_000_000_000
 _TICK = 10_000  # steps between two calls of the progress handler
 _NO_SPAN = "without integer start and end times in range and in order"
+
+
+class NsysTrace(Trace):
+    """An Nsight Systems SQLite export (``nsys-sqlite``), of every process or of one."""
+
+    source = "nsys"
+
+    def __init__(self, path: str, fmt: str = "nsys-sqlite", process: int | None = None) -> None:
+        super().__init__(path, fmt)
+        self.process = process  # only this process's events (None: all)
+
+    def events(self, progress: Progress | None = None) -> Iterator[Event]:
+        self.info = TraceInfo(self.source)
+        try:
+            con = open_export(self.path)
+        except sqlite3.Error as exc:
+            raise self._fail(f"cannot open as SQLite: {exc}") from None
+        with contextlib.closing(con):
+            try:
+                yield from iter_events(con, self.info, progress, process=self.process)
+            except NsysFormatError as exc:
+                raise self._fail(str(exc)) from None
+            except sqlite3.Error as exc:
+                raise self._fail(f"SQLite error: {exc}") from None
 
 
 class NsysFormatError(Exception):
@@ -305,9 +333,37 @@ def iter_events(
         con.set_progress_handler(None, 0)
 
 
+class _Read:
+    """One read of an export's activity tables: what every table's reader shares."""
+
+    def __init__(self, con: sqlite3.Connection, info: TraceInfo, progress: Progress | None, process: int | None,
+                 text: _Text, tables: set[str], cols: dict[str, set[str]], names_known: bool) -> None:
+        self.con = con
+        self.info = info
+        self.notes = info.notes
+        self.progress = progress
+        self.process = process
+        self.text = text
+        self.tables = tables
+        self.cols = cols
+        self.names_known = names_known  # StringIds can be read
+        self.done = 0
+        self.total = 0
+        if progress is not None:
+            for table in cols:
+                self.total += con.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0]
+
+    def rows(self, sql: str) -> Iterator[tuple]:
+        progress = self.progress
+        for row in self.con.execute(sql):
+            yield row
+            self.done += 1
+            if progress is not None and not self.done & 0xFFFF:
+                progress(self.done, self.total)
+
+
 def _events(
-    con: sqlite3.Connection, info: TraceInfo, progress: Callable[[int, int], None] | None, process: int | None,
-    text: _Text,
+    con: sqlite3.Connection, info: TraceInfo, progress: Progress | None, process: int | None, text: _Text,
 ) -> Iterator[Event]:
     tables = _plain_tables(con)
     present = [t for t in _ACTIVITY_TABLES if t in tables]
@@ -327,161 +383,153 @@ def _events(
         notes.append(
             f"{strings}: the names of kernels and API calls are unknown, so no call counts as a launch"
         )
-    names_known = strings is None
     if KERNEL_TABLE not in tables:
         notes.append(f"no {KERNEL_TABLE} table: the export holds no kernel records")
     _read_target_info(con, tables, info, text)
     if process is not None:
         info.rank = info.rank_source = None
+    read = _Read(con, info, progress, process, text, tables, cols, names_known=strings is None)
+    for read_by, reader in _TABLE_READERS:
+        if any(t in tables for t in read_by):
+            yield from reader(read)
+    info.notes.extend(text.notes())
 
-    total = 0
-    if progress is not None:
-        for table in present:
-            total += con.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0]
-    done = 0
 
-    def rows(sql: str) -> Iterator[tuple]:
-        nonlocal done
-        for row in con.execute(sql):
-            yield row
-            done += 1
-            if progress is not None and not done & 0xFFFF:
-                progress(done, total)
-
-    if NVTX_TABLE in tables:
-        c = cols[NVTX_TABLE]
-        if "eventType" not in c:
-            notes.append(
-                f"table {NVTX_TABLE} lacks column eventType (range or mark): its NVTX ranges are left out"
-            )
+def _nvtx_ranges(r: _Read) -> Iterator[Event]:
+    c, notes, text = r.cols[NVTX_TABLE], r.notes, r.text
+    if "eventType" not in c:
+        notes.append(f"table {NVTX_TABLE} lacks column eventType (range or mark): its NVTX ranges are left out")
+        return
+    if "text" not in c and "textId" not in c:
+        notes.append(f"table {NVTX_TABLE} lacks columns text and textId: NVTX ranges are named '(unnamed)'")
+    text_id = "s.value" if "textId" in c and r.names_known else "NULL"
+    join = "LEFT JOIN StringIds s ON s.id = n.textId" if text_id != "NULL" else ""
+    sql = (
+        f"SELECT n.start, n.end, {_col(c, 'text', 'n.')}, {text_id}, {_col(c, 'globalTid', 'n.')} "
+        f"FROM {NVTX_TABLE} n {join} WHERE n.eventType IN ({_NVTX_PUSH_POP}, {_NVTX_START_END})"
+        + _only(r.process, _col(c, "globalTid", "n."), " AND ")
+    )
+    text.where = f"NVTX range names ({NVTX_TABLE}.text, StringIds.value)"
+    unclosed = unnamed = 0
+    for start, end, label, label2, gtid in r.rows(sql):
+        if not _span(start, end):
+            unclosed += 1
+            continue
+        if type(label) is str:
+            name = label
+        elif type(label2) is str:
+            name = label2
         else:
-            if "text" not in c and "textId" not in c:
-                notes.append(
-                    f"table {NVTX_TABLE} lacks columns text and textId: NVTX ranges are named '(unnamed)'"
-                )
-            text_id = "s.value" if "textId" in c and names_known else "NULL"
-            join = "LEFT JOIN StringIds s ON s.id = n.textId" if text_id != "NULL" else ""
-            sql = (
-                f"SELECT n.start, n.end, {_col(c, 'text', 'n.')}, {text_id}, {_col(c, 'globalTid', 'n.')} "
-                f"FROM {NVTX_TABLE} n {join} WHERE n.eventType IN ({_NVTX_PUSH_POP}, {_NVTX_START_END})"
-                + _only(process, _col(c, "globalTid", "n."), " AND ")
-            )
-            text.where = f"NVTX range names ({NVTX_TABLE}.text, StringIds.value)"
-            unclosed = unnamed = 0
-            for start, end, label, label2, gtid in rows(sql):
-                if not _span(start, end):
-                    unclosed += 1
-                    continue
-                if type(label) is str:
-                    name = label
-                elif type(label2) is str:
-                    name = label2
-                else:
-                    name = text.other(label) or text.other(label2)  # type: ignore[assignment]
-                    if name is None:
-                        unnamed += 1
-                        name = "(unnamed)"
-                yield Event(RANGE, name, start, end - start, _pid(gtid), _tid(gtid))
-            if unclosed:
-                notes.append(f"{unclosed} NVTX ranges without a valid end were left out")
-            if unnamed and ("text" in c or "textId" in c):
-                notes.append(
-                    f"{unnamed:,} NVTX ranges have no text ({NVTX_TABLE}.text and textId NULL or not in "
-                    "StringIds): named '(unnamed)'"
-                )
-
-    if RUNTIME_TABLE in tables:
-        c = cols[RUNTIME_TABLE]
-        named = names_known and "nameId" in c
-        if "nameId" not in c:
-            notes.append(
-                f"table {RUNTIME_TABLE} lacks column nameId: API names are unknown, so no call counts as a launch"
-            )
-        sql = (
-            f"SELECT r.start, r.end, {_col(c, 'correlationId', 'r.')}, {_col(c, 'globalTid', 'r.')}, "
-            + ("r.nameId " if named else "NULL ")
-            + f"FROM {RUNTIME_TABLE} r"
-            + _only(process, _col(c, "globalTid", "r."))
+            name = text.other(label) or text.other(label2)  # type: ignore[assignment]
+            if name is None:
+                unnamed += 1
+                name = "(unnamed)"
+        yield Event(RANGE, name, start, end - start, _pid(gtid), _tid(gtid))
+    if unclosed:
+        notes.append(f"{unclosed} NVTX ranges without a valid end were left out")
+    if unnamed and ("text" in c or "textId" in c):
+        notes.append(
+            f"{unnamed:,} NVTX ranges have no text ({NVTX_TABLE}.text and textId NULL or not in "
+            "StringIds): named '(unnamed)'"
         )
-        text.where = f"API names (StringIds.value of {RUNTIME_TABLE}.nameId)"
-        unnamed = 0
-        apis: dict[object, str] = {}  # nameId -> API name without its version suffix; "" if none
-        for start, end, corr, gtid, name_id in rows(sql):
-            if not _span(start, end):
-                info.skip(_NO_SPAN)
-                continue
-            name = apis.get(name_id)
-            if not name:
-                if name is None:
-                    found = _string(con, text, name_id) if named else None
-                    name = apis[name_id] = strip_api_version(found) if found else ""
-                if not name:
-                    unnamed += 1
-                    name = "(unknown API)"
-            yield Event(RUNTIME, name, start, end - start, _pid(gtid), _tid(gtid), int_or(corr))
-        if unnamed and named:
-            notes.append(
-                f"{unnamed:,} API calls have no name ({RUNTIME_TABLE}.nameId NULL or not in StringIds): shown as "
-                "'(unknown API)' and not counted as launches"
-            )
 
-    if KERNEL_TABLE in tables:
-        c = cols[KERNEL_TABLE]
-        name_col = next((n for n in ("demangledName", "shortName", "mangledName") if n in c), None)
-        if name_col is None:
-            notes.append(
-                f"table {KERNEL_TABLE} lacks a name column (demangledName, shortName or mangledName): kernel names "
-                "are unknown"
-            )
-        named = names_known and name_col is not None
-        sql = (
-            f"SELECT k.start, k.end, {_col(c, 'correlationId', 'k.')}, {_col(c, 'globalPid', 'k.')}, "
-            f"{_col(c, 'deviceId', 'k.')}, {_col(c, 'streamId', 'k.')}, "
-            + (f"k.{name_col} " if named else "NULL ")
-            + f"FROM {KERNEL_TABLE} k"
-            + _only(process, _col(c, "globalPid", "k."))
+
+def _api_calls(r: _Read) -> Iterator[Event]:
+    c, notes, text, info = r.cols[RUNTIME_TABLE], r.notes, r.text, r.info
+    named = r.names_known and "nameId" in c
+    if "nameId" not in c:
+        notes.append(
+            f"table {RUNTIME_TABLE} lacks column nameId: API names are unknown, so no call counts as a launch"
         )
-        text.where = f"kernel names (StringIds.value of {KERNEL_TABLE}.{name_col})"
-        unnamed = 0
-        kernels: dict[object, str] = {}  # name id -> kernel name; "" if none
-        for start, end, corr, gpid, device, stream, name_id in rows(sql):
-            if not _span(start, end):
-                info.skip(_NO_SPAN)
-                continue
-            name = kernels.get(name_id)
+    sql = (
+        f"SELECT r.start, r.end, {_col(c, 'correlationId', 'r.')}, {_col(c, 'globalTid', 'r.')}, "
+        + ("r.nameId " if named else "NULL ")
+        + f"FROM {RUNTIME_TABLE} r"
+        + _only(r.process, _col(c, "globalTid", "r."))
+    )
+    text.where = f"API names (StringIds.value of {RUNTIME_TABLE}.nameId)"
+    unnamed = 0
+    apis: dict[object, str] = {}  # nameId -> API name without its version suffix; "" if none
+    for start, end, corr, gtid, name_id in r.rows(sql):
+        if not _span(start, end):
+            info.skip(_NO_SPAN)
+            continue
+        name = apis.get(name_id)
+        if not name:
+            if name is None:
+                found = _string(r.con, text, name_id) if named else None
+                name = apis[name_id] = strip_api_version(found) if found else ""
             if not name:
-                if name is None:
-                    name = kernels[name_id] = (_string(con, text, name_id) if named else None) or ""
-                if not name:
-                    unnamed += 1
-                    name = "(unnamed kernel)"
-            stream = int_or(stream)
-            device = int_or(device)
-            # positional, in Event's field order, as in _kineto.to_event; nbytes -1: unknown
-            yield Event(KERNEL, name, start, end - start, _pid(gpid), stream, int_or(corr), -1, stream, device)
-        if unnamed and named:
-            notes.append(
-                f"{unnamed:,} kernels have no name ({KERNEL_TABLE}.{name_col} NULL or not in StringIds): named "
-                "'(unnamed kernel)'"
-            )
+                unnamed += 1
+                name = "(unknown API)"
+        yield Event(RUNTIME, name, start, end - start, _pid(gtid), _tid(gtid), int_or(corr))
+    if unnamed and named:
+        notes.append(
+            f"{unnamed:,} API calls have no name ({RUNTIME_TABLE}.nameId NULL or not in StringIds): shown as "
+            "'(unknown API)' and not counted as launches"
+        )
 
+
+def _kernels(r: _Read) -> Iterator[Event]:
+    c, notes, text, info = r.cols[KERNEL_TABLE], r.notes, r.text, r.info
+    name_col = next((n for n in ("demangledName", "shortName", "mangledName") if n in c), None)
+    if name_col is None:
+        notes.append(
+            f"table {KERNEL_TABLE} lacks a name column (demangledName, shortName or mangledName): kernel names "
+            "are unknown"
+        )
+    named = r.names_known and name_col is not None
+    sql = (
+        f"SELECT k.start, k.end, {_col(c, 'correlationId', 'k.')}, {_col(c, 'globalPid', 'k.')}, "
+        f"{_col(c, 'deviceId', 'k.')}, {_col(c, 'streamId', 'k.')}, "
+        + (f"k.{name_col} " if named else "NULL ")
+        + f"FROM {KERNEL_TABLE} k"
+        + _only(r.process, _col(c, "globalPid", "k."))
+    )
+    text.where = f"kernel names (StringIds.value of {KERNEL_TABLE}.{name_col})"
+    unnamed = 0
+    kernels: dict[object, str] = {}  # name id -> kernel name; "" if none
+    for start, end, corr, gpid, device, stream, name_id in r.rows(sql):
+        if not _span(start, end):
+            info.skip(_NO_SPAN)
+            continue
+        name = kernels.get(name_id)
+        if not name:
+            if name is None:
+                name = kernels[name_id] = (_string(r.con, text, name_id) if named else None) or ""
+            if not name:
+                unnamed += 1
+                name = "(unnamed kernel)"
+        stream = int_or(stream)
+        device = int_or(device)
+        # positional, in Event's field order, as in _kineto.to_event; nbytes -1: unknown
+        yield Event(KERNEL, name, start, end - start, _pid(gpid), stream, int_or(corr), -1, stream, device)
+    if unnamed and named:
+        notes.append(
+            f"{unnamed:,} kernels have no name ({KERNEL_TABLE}.{name_col} NULL or not in StringIds): named "
+            "'(unnamed kernel)'"
+        )
+
+
+def _copies(r: _Read) -> Iterator[Event]:
+    """Copies and sets (both tables, after the labels of their kinds are read once)."""
     directions = dict(_COPY_KIND)
     memory_kinds = dict(_MEMORY_KIND)
-    if MEMCPY_TABLE in tables:
-        _read_labels(con, tables, text, notes, directions, memory_kinds)
-    text.where = _SCHEMA
+    if MEMCPY_TABLE in r.tables:
+        _read_labels(r.con, r.tables, r.text, r.notes, directions, memory_kinds)
+    r.text.where = _SCHEMA
     for table, kind in ((MEMCPY_TABLE, MEMCPY), (MEMSET_TABLE, MEMSET)):
-        if table not in tables:
+        if table not in r.tables:
             continue
-        c = cols[table]
+        c = r.cols[table]
         sql = (
             f"SELECT start, end, {_col(c, 'correlationId')}, {_col(c, 'globalPid')}, {_col(c, 'deviceId')}, "
             f"{_col(c, 'streamId')}, {_col(c, 'bytes')}, {_col(c, 'copyKind')}, {_col(c, 'srcKind')}, "
-            f"{_col(c, 'dstKind')} FROM {table}" + _only(process, _col(c, "globalPid"))
+            f"{_col(c, 'dstKind')} FROM {table}" + _only(r.process, _col(c, "globalPid"))
         )
-        for start, end, corr, gpid, device, stream, nbytes, copy_kind, src_kind, dst_kind in rows(sql):
+        for start, end, corr, gpid, device, stream, nbytes, copy_kind, src_kind, dst_kind in r.rows(sql):
             if not _span(start, end):
-                info.skip(_NO_SPAN)
+                r.info.skip(_NO_SPAN)
                 continue
             stream = int_or(stream)
             if kind == MEMCPY:
@@ -492,20 +540,18 @@ def _events(
             else:
                 direction = ""
                 name = "Memset"
-            yield Event(
-                kind,
-                name,
-                start,
-                end - start,
-                _pid(gpid),
-                stream,
-                int_or(corr),
-                int_or(nbytes),
-                stream,
-                int_or(device),
-                direction,
-            )
-    info.notes.extend(text.notes())
+            yield Event(kind, name, start, end - start, _pid(gpid), stream, int_or(corr), int_or(nbytes), stream,
+                        int_or(device), direction)
+
+
+#: The activity tables' readers, in the order their events are yielded, each run when one of its
+#: tables is in the export.
+_TABLE_READERS: tuple[tuple[tuple[str, ...], Callable[[_Read], Iterator[Event]]], ...] = (
+    ((NVTX_TABLE,), _nvtx_ranges),
+    ((RUNTIME_TABLE,), _api_calls),
+    ((KERNEL_TABLE,), _kernels),
+    ((MEMCPY_TABLE, MEMSET_TABLE), _copies),
+)
 
 
 def _string(con: sqlite3.Connection, text: _Text, string_id: object) -> str | None:

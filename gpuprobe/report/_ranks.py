@@ -31,7 +31,7 @@ from gpuprobe.report._findings import order, parse_thresholds
 from gpuprobe.report._scan import TraceScan
 from gpuprobe.report.loaders import gpu_processes, load
 from gpuprobe.report.schema import Finding, RanksSection, Report
-from gpuprobe.report.sections import REGISTRY
+from gpuprobe.report.sections import BY_NAME, DEFAULT_SECTIONS, REGISTRY
 from gpuprobe.report.sections.communication import collective_starts
 
 __all__ = ["RankResult", "analyze_ranks", "rank_files", "rank_units", "several_ranks", "rank_task", "worker_main",
@@ -106,7 +106,7 @@ def _work(path: str, process: int | None, options: Options, engine: str, longest
     # why: the merge keeps the `longest` events of all ranks; listing every GPU operation of the rank
     # (150,000 on a 200 MB trace) cost 0.5 s of its ~7 s
     options = dataclasses.replace(options, timeline_top=longest)
-    scan.consume(trace.events())
+    trace.feed(scan)
     report = build_report(scan, options, trace.path, trace.info)
     gpu_names = list(scan.gpu_names)
     from gpuprobe._kernel_names import categorize_kernel
@@ -132,6 +132,7 @@ def analyze_ranks(
     thresholds: Any = None,
     progress: Callable[[int, int], None] | None = None,
     executor: concurrent.futures.Executor | None = None,
+    sections: Sequence[str] = (),
 ) -> tuple[Report, list[RankResult]]:
     """Analyse the traces of several ranks of one run, in parallel, and merge them.
 
@@ -149,6 +150,8 @@ def analyze_ranks(
         jobs: Worker processes at most (default: the CPU count); 1 reads the traces one by one in
             this process.
         thresholds: As in :func:`gpuprobe.report.analyze`.
+        sections: Sections computed besides the default ones (those shown only when asked for, such
+            as ``streams``); every rank computes the default sections, which the merge reads.
         progress: Called with ``(ranks done, ranks)``.
         executor: Run each rank as a task of this executor instead of a local worker process (then
             ``jobs`` does not apply). gpuprobe neither starts nor shuts it down.
@@ -173,7 +176,12 @@ def analyze_ranks(
     if executor is not None and not isinstance(executor, concurrent.futures.Executor):
         raise ConfigError(f"executor must be a concurrent.futures.Executor, not {type(executor).__name__}")
     limits = parse_thresholds(thresholds if not isinstance(thresholds, str) else [thresholds])
-    options = Options(top=_ALL, step_pattern=step_pattern, small_ns=small_ns_of(small_us), thresholds=limits)
+    unknown = [s for s in sections if s not in BY_NAME]
+    if unknown:
+        raise ConfigError(f"unknown section {unknown[0]!r}; choose from {', '.join(BY_NAME)}")
+    extra = tuple(s for s in sections if s not in DEFAULT_SECTIONS)
+    options = Options(top=_ALL, step_pattern=step_pattern, small_ns=small_ns_of(small_us), thresholds=limits,
+                      sections=DEFAULT_SECTIONS + extra if extra else ())
     units = rank_units(files)
     if executor is not None:
         results = _run_on(executor, units, options, engine, progress, top)
@@ -289,7 +297,7 @@ def _as_given(result: RankResult, absolute: str, given: str) -> RankResult:
 def _task_spec(options: Options, engine: str, longest: int) -> dict[str, Any]:
     """What a rank's task needs besides its trace: plain data, so it travels as JSON or pickle."""
     return {"engine": engine, "top": options.top, "step_pattern": options.step_pattern, "small_ns": options.small_ns,
-            "thresholds": dict(options.thresholds or {}), "longest": longest}
+            "thresholds": dict(options.thresholds or {}), "longest": longest, "sections": list(options.sections)}
 
 
 def _unpack(path: str, outcome: tuple[str, Any]) -> RankResult:
@@ -308,7 +316,7 @@ def rank_task(path: str, process: int | None, spec: dict[str, Any]) -> tuple[str
     """One rank as a task (of a worker process or an executor): ``("ok", RankResult)`` or the error's kind
     and text — plain values, so no exception class needs to unpickle on the caller's side."""
     options = Options(top=spec["top"], step_pattern=spec["step_pattern"], small_ns=spec["small_ns"],
-                      thresholds=spec["thresholds"])
+                      thresholds=spec["thresholds"], sections=tuple(spec.get("sections", ())))
     try:
         return ("ok", _work(path, process, options, spec["engine"], spec["longest"]))
     except ReportInputError as exc:

@@ -337,7 +337,7 @@ class TraceScan:
 
     def consume_raw(self, batches: Iterable[Iterable[Any]], refused: Refused | None = None) -> None:
         """Fold lists of kineto elements of ``traceEvents`` (msgspec's records or json's values, as
-        :meth:`gpuprobe.report.loaders.Trace.raw_batches` yields them) or :class:`Event` objects.
+        :meth:`gpuprobe.report._kineto.KinetoTrace.raw_batches` yields them) or :class:`Event` objects.
 
         The same as :meth:`consume` of the events :func:`~gpuprobe.report._kineto.to_event` makes of
         the elements (its twin, tested against it), without making them: a record of the usual shape

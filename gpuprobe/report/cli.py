@@ -404,6 +404,7 @@ def _ranks(args: argparse.Namespace, shown: list[str]) -> int:
                 thresholds=args.threshold,
                 progress=progress,
                 executor=executor,
+                sections=shown,
             )
     finally:
         if progress is not None:

@@ -1,233 +1,77 @@
-"""Open a trace file of either format and stream its events.
+"""Open a trace file of any timeline format and stream its events.
 
-``load(path)`` sniffs the format from the first bytes (gzip, SQLite, else JSON text), checks what
-can be checked cheaply, and returns a :class:`Trace` whose :meth:`Trace.events` streams
-:class:`~gpuprobe.report.Event` objects. Every problem with the input surfaces as one
-:class:`~gpuprobe.report.ReportInputError` naming the file and the problem.
+``load(path)`` sniffs the format from the first bytes (:data:`FORMATS`: SQLite, gzip, else JSON
+text), checks what can be checked cheaply, and returns that format's :class:`Trace`, whose
+:meth:`Trace.events` streams :class:`~gpuprobe.report.Event` objects. Every problem with the input
+surfaces as one :class:`~gpuprobe.report.ReportInputError` naming the file and the problem.
+
+A format is a module with a :class:`Trace` subclass and one line of :data:`FORMATS`
+(:mod:`gpuprobe.report._trace` says what a reader implements).
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
-import io
+import dataclasses
 import os
 import sqlite3
-import zlib
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 from gpuprobe.errors import ConfigError
 from gpuprobe.report._errors import ReportInputError, read_input, regular_file
-from gpuprobe.report._events import Event, TraceInfo
-from gpuprobe.report._kineto import (
-    DurationReadAsZero,
-    MalformedEventError,
-    Part,
-    TraceFormatError,
-    iter_raw_ijson,
-    iter_raw_batches,
-    number_to_int,
-    open_part,
-    to_event,
-    typed_available,
-)
+from gpuprobe.report._events import TraceInfo
+from gpuprobe.report._kineto import ENGINES, KinetoTrace
 from gpuprobe.report._ncu import SNIFF_BYTES, sniff as sniff_ncu
-from gpuprobe.report._nsys import NsysFormatError, iter_events as iter_nsys_events, kernel_processes, open_export
+from gpuprobe.report._nsys import NsysFormatError, NsysTrace, kernel_processes, open_export
+from gpuprobe.report._trace import Progress, Trace
 
-__all__ = ["Trace", "TraceInfo", "load", "ncu_format", "ENGINES"]
-
-#: JSON engines: ``auto`` (the default: ``msgspec`` when it is installed, else ``stdlib``), ``msgspec``
-#: (the fastest), ``stdlib`` and ``ijson`` (the reference twin). All give the same events.
-ENGINES: tuple[str, ...] = ("auto", "msgspec", "stdlib", "ijson")
-Progress = Callable[[int, int], None]
+__all__ = ["Trace", "TraceInfo", "load", "ncu_format", "ENGINES", "FORMATS", "Format", "Progress"]
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_HEAD = 16  # bytes read to tell the formats apart
 
 
-class Trace:
-    """A trace file, opened lazily; iterate :meth:`events` once or more.
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """A timeline format: its name, whether a file's first bytes are its, and how to open one.
 
-    Example:
-        >>> trace = load("tests/data/kineto_min.json")  # doctest: +SKIP
-        >>> sum(1 for e in trace.events() if e.kind == "kernel")  # doctest: +SKIP
-        2
+    ``open(path, name, engine, process)`` returns the reader; it raises ``ConfigError`` for an option
+    the format does not take.
     """
 
-    def __init__(self, path: str, fmt: str, engine: str = "auto", process: int | None = None) -> None:
-        self.path = path
-        self.format = fmt  # "kineto-json", "kineto-gzip" or "nsys-sqlite"
-        self.engine = _resolve(engine)  # "msgspec", "stdlib" or "ijson"
-        self.process = process  # nsys: only this process's events (None: all)
-        self.info = TraceInfo("nsys" if fmt == "nsys-sqlite" else "kineto")
-        self.size = os.path.getsize(path)
-
-    def events(self, progress: Progress | None = None) -> Iterator[Event]:
-        """Stream the events of the trace.
-
-        Args:
-            progress: Called now and then with ``(bytes_done, bytes_total)`` (nsys: rows).
-
-        Yields:
-            Events in file order (not time order).
-
-        Raises:
-            ReportInputError: The file turns out truncated, invalid or not a trace.
-        """
-        self.info = TraceInfo(self.info.source)
-        if self.format == "nsys-sqlite":
-            yield from self._nsys_events(progress)
-            return
-        refused = self.refused
-        for batch in self.raw_batches(progress):
-            for item in batch:
-                try:
-                    event = to_event(item)
-                except (MalformedEventError, DurationReadAsZero) as exc:  # rare: counted, said
-                    event = refused(item, exc)
-                if event is not None:
-                    yield event
-
-    def _fail(self, problem: str) -> ReportInputError:
-        return ReportInputError(self.path, problem)
-
-    def raw_batches(
-        self, progress: Progress | None = None, part: Part | None = None, meta: dict[str, Any] | None = None
-    ) -> Iterator[list[Any]]:
-        """Stream the elements of a kineto trace's ``traceEvents`` in lists, as :func:`to_event` reads them
-        (the fast path of a report's pass; :meth:`events` is built on it).
-
-        The caller turns each element into an event with :func:`to_event` and hands every element it
-        refuses to :meth:`refused`; :attr:`info` is complete once the stream is exhausted.
-
-        Args:
-            progress: As for :meth:`events`.
-            part: Read only this part of a plain (not gzip) trace, with the ``msgspec`` or ``stdlib``
-                engine; the caller then completes :attr:`info` with :meth:`finish`.
-            meta: Filled with the top-level keys other than ``traceEvents`` (a part's own).
-
-        Raises:
-            ReportInputError: As for :meth:`events`.
-            gpuprobe.report._kineto.BoundaryMissed: The head of ``part`` does not end where an element starts.
-        """
-        if part is None:
-            self.info = TraceInfo(self.info.source)
-        self._zeroed: dict[str, int] = {}
-        meta = {} if meta is None else meta
-        with open(self.path, "rb") as raw:
-            on_chunk = None
-            if progress is not None:
-                total = self.size
-
-                def on_chunk() -> None:
-                    progress(raw.tell(), total)
-
-            binary: Any = gzip.GzipFile(fileobj=raw, mode="rb") if self.format == "kineto-gzip" else raw
-            if part is not None:
-                if self.format != "kineto-json" or self.engine == "ijson":
-                    raise ValueError("only a plain kineto trace read by msgspec or json can be read in parts")
-                binary = open_part(raw, part)
-            try:
-                if self.engine == "ijson":
-                    yield from ([item] for item in iter_raw_ijson(binary, meta, on_chunk))
-                else:
-                    text = io.TextIOWrapper(binary, encoding="utf-8", errors="strict", newline="")
-                    yield from iter_raw_batches(text, meta, on_chunk, typed=self.engine == "msgspec", part=part)
-            except TraceFormatError as exc:
-                raise self._fail(str(exc)) from None
-            except EOFError:
-                raise self._fail("truncated gzip stream: the file ends before the end-of-stream marker") from None
-            except (gzip.BadGzipFile, zlib.error) as exc:
-                raise self._fail(f"corrupt gzip data ({exc})") from None
-            except UnicodeDecodeError as exc:
-                raise self._fail(f"not UTF-8 text at byte {exc.start}: not a JSON trace") from None
-            except OSError as exc:
-                raise self._fail(f"cannot read: {exc.strerror or exc}") from None
-        if part is None:
-            self.finish(meta)
-
-    def refused(self, item: Any, exc: MalformedEventError | DurationReadAsZero) -> Event | None:
-        """The event of an element :func:`to_event` refused: None and a count of it as skipped, or (a
-        duration read as 0 ns) the event and a count of that."""
-        return _counted(item, exc, self.info, self._zeroed)
-
-    def zeroed(self) -> dict[str, int]:
-        """Events whose duration was read as 0 ns so far, by reason (in order of first sighting)."""
-        return self._zeroed
-
-    def finish(self, meta: dict[str, Any]) -> None:
-        """Complete :attr:`info` after :meth:`raw_batches`: the durations read as 0 ns, and what the
-        top-level keys ``meta`` say (the notes in that order).
-
-        Raises:
-            ReportInputError: ``meta`` has no ``traceEvents`` list.
-        """
-        info = self.info
-        info.notes.extend(
-            f"{n:,} event{'s have' if n != 1 else ' has'} {reason}: read as 0 ns" for reason, n in self._zeroed.items()
-        )
-        if meta.get("traceEvents") is not True:
-            if "traceEvents" in meta:
-                raise self._fail("not a kineto trace: 'traceEvents' is not a list")
-            raise self._fail("not a kineto trace: no 'traceEvents' list")
-        info.base_time_ns = self._metadata_int(meta, "baseTimeNanoseconds")
-        dist = meta.get("distributedInfo")
-        if isinstance(dist, dict):
-            info.rank = self._metadata_int(dist, "rank", "distributedInfo.")
-            info.world_size = self._metadata_int(dist, "world_size", "distributedInfo.")
-            if info.rank is not None:
-                info.rank_source = "distributedInfo.rank"
-        devices = meta.get("deviceProperties")
-        if isinstance(devices, list):
-            info.devices = [str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name")]
-
-    def _metadata_int(self, meta: dict[str, Any], key: str, prefix: str = "") -> int | None:
-        """An integer of the trace's metadata, or None; a note when it is there but is not one."""
-        value = meta.get(key)
-        number = number_to_int(value)
-        if number is None and value is not None:
-            self.info.notes.append(f"{prefix}{key} is not an integer within ±2**62: ignored")
-        return number
-
-    def _nsys_events(self, progress: Progress | None) -> Iterator[Event]:
-        try:
-            con = open_export(self.path)
-        except sqlite3.Error as exc:
-            raise self._fail(f"cannot open as SQLite: {exc}") from None
-        with contextlib.closing(con):
-            try:
-                yield from iter_nsys_events(con, self.info, progress, process=self.process)
-            except NsysFormatError as exc:
-                raise self._fail(str(exc)) from None
-            except sqlite3.Error as exc:
-                raise self._fail(f"SQLite error: {exc}") from None
+    name: str
+    begins: Callable[[bytes], bool]
+    open: Callable[[str, str, str, "int | None"], Trace]
 
 
-def _counted(item: Any, exc: Exception, info: TraceInfo, zeroed: dict[str, int]) -> Event | None:
-    """The event of an element :func:`to_event` refused: None and a count of it as skipped, or (a
-    duration read as 0 ns) the event and a count of that."""
-    if isinstance(exc, DurationReadAsZero):
-        try:
-            event = to_event(item, clamp=True)
-        except MalformedEventError as again:
-            info.skip(str(again))
-            return None
-        reason = str(exc)
-        zeroed[reason] = zeroed.get(reason, 0) + 1
-        return event
-    info.skip(str(exc))
-    return None
+def _kineto(path: str, name: str, engine: str, process: int | None) -> Trace:
+    if process is not None:
+        raise ConfigError(f"process={process} applies to Nsight Systems exports only, not to {path}")
+    return KinetoTrace(path, name, engine)
 
 
-def _resolve(engine: str) -> str:
-    if engine == "auto":
-        return "msgspec" if typed_available() else "stdlib"
-    if engine == "msgspec" and not typed_available():
-        from gpuprobe.errors import missing
+def _nsys(path: str, name: str, engine: str, process: int | None) -> Trace:
+    return NsysTrace(path, name, process)
 
-        raise missing("msgspec", "report")
-    return engine
+
+def _json_trace(path: str, name: str, engine: str, process: int | None) -> Trace:
+    if process is not None:
+        return _kineto(path, name, engine, process)
+    if ncu_format(path):
+        raise ReportInputError(path, "an Nsight Compute export, not a timeline: pass it alone to 'gpuprobe report', "
+                                     "or beside a trace with --ncu")
+    if path.endswith((".nsys-rep", ".qdrep")):
+        raise ReportInputError(path, "an Nsight Systems report: export it first with 'nsys export --type sqlite'")
+    return KinetoTrace(path, name, engine)
+
+
+#: The timeline formats, tried in this order on a file's first bytes; the last takes any text.
+FORMATS: tuple[Format, ...] = (
+    Format("nsys-sqlite", lambda head: head.startswith(_SQLITE_MAGIC), _nsys),
+    Format("kineto-gzip", lambda head: head.startswith(_GZIP_MAGIC), _kineto),
+    Format("kineto-json", lambda head: True, _json_trace),
+)
 
 
 def load(path: str | os.PathLike[str], engine: str = "auto", process: int | None = None) -> Trace:
@@ -258,19 +102,9 @@ def load(path: str | os.PathLike[str], engine: str = "auto", process: int | None
     path = os.fspath(path)
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
-    head = read_input(path, 16)
-    if head.startswith(_SQLITE_MAGIC):
-        return Trace(path, "nsys-sqlite", process=process)
-    if process is not None:
-        raise ConfigError(f"process={process} applies to Nsight Systems exports only, not to {path}")
-    if head.startswith(_GZIP_MAGIC):
-        return Trace(path, "kineto-gzip", engine)
-    if ncu_format(path):
-        raise ReportInputError(path, "an Nsight Compute export, not a timeline: pass it alone to 'gpuprobe report', "
-                                     "or beside a trace with --ncu")
-    if path.endswith((".nsys-rep", ".qdrep")):
-        raise ReportInputError(path, "an Nsight Systems report: export it first with 'nsys export --type sqlite'")
-    return Trace(path, "kineto-json", engine)
+    head = read_input(path, _HEAD)
+    fmt = next(f for f in FORMATS if f.begins(head))
+    return fmt.open(path, fmt.name, engine, process)
 
 
 def ncu_format(path: str | os.PathLike[str]) -> str | None:

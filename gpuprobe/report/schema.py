@@ -28,6 +28,7 @@ from gpuprobe.report.sections.ranges import RangesSection, RangeStat
 from gpuprobe.report.sections.ranks import RankRow, RanksSection, RankStepRow, SkewRow, StragglerRow
 from gpuprobe.report.sections.small_ops import SmallOpsSection
 from gpuprobe.report.sections.steps import StepRow, StepsSection
+from gpuprobe.report.sections.streams import StreamRow, StreamsSection
 from gpuprobe.report.sections.summary import Summary
 from gpuprobe.report.sections.timeline import TimelineRow, TimelineSection
 
@@ -68,6 +69,8 @@ __all__ = [
     "TimelineSection",
     "CpuOpStat",
     "CpuOpsSection",
+    "StreamRow",
+    "StreamsSection",
 ]
 
 
@@ -100,6 +103,7 @@ class Report:
     idle: IdleSection | None = None
     flops: FlopsSection | None = None
     communication: CommunicationSection | None = None
+    streams: StreamsSection | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as plain JSON-serializable values (sections left out when ``None``).

@@ -74,7 +74,7 @@ def _synthetic(tmp_path: Path) -> Path:
 
 
 def test_flop_totals_crunched_in_chunks_are_the_twin_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuprobe.report import _columns
+    from gpuprobe.report import _columns_numpy as _columns
 
     path = _synthetic(tmp_path)
     monkeypatch.setattr(_columns, "_FLOPS_ROWS", 7)  # many chunks, a name split across them
@@ -86,7 +86,7 @@ def test_flop_totals_crunched_in_chunks_are_the_twin_s(tmp_path: Path, monkeypat
 def test_launches_in_thread_order_kept_as_views_give_the_sorted_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
 
-    from gpuprobe.report import _columns
+    from gpuprobe.report import _columns_numpy as _columns
 
     path = _synthetic(tmp_path)
     assert _columns._in_thread_order(np, np.array([0, 0, 1, 1]), np.array([5, 9, 1, 2]))

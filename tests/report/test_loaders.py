@@ -406,3 +406,36 @@ def test_text_msgspec_reads_otherwise_or_not_at_all_gives_json_events(element: s
         assert "NaN" in element  # json's own reader refuses it too
         return
     assert got == _outcomes([one] * 3000)
+
+
+def test_each_format_is_a_reader_of_the_same_events_and_a_new_one_is_a_class_and_a_line(
+    tmp_path: Path, kineto_min: Path, nsys_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuprobe.report import _trace, analyze, loaders
+    from gpuprobe.report._events import KERNEL, RUNTIME
+
+    for path, name in ((kineto_min, "kineto-json"), (nsys_db, "nsys-sqlite")):
+        trace = load(path)
+        assert isinstance(trace, _trace.Trace) and trace.format == name
+        assert all(type(e) is Event for e in trace.events())
+
+    # A format of its own: a launch and its kernel per line, "name,start_ns,dur_ns,launch_ns".
+    class LinesTrace(_trace.Trace):
+        source = "kineto"
+
+        def events(self, progress: Any = None) -> Any:
+            for corr, line in enumerate(Path(self.path).read_text().split("\n")[1:], start=1):
+                name, start, dur, launch = line.split(",")
+                yield Event(RUNTIME, "cudaLaunchKernel", int(launch), 2_000, 1, 1, corr)
+                yield Event(KERNEL, name, int(start), int(dur), 0, 7, corr, -1, 7, 0)
+
+    magic = b"#gpu-lines"
+    line = loaders.Format("gpu-lines", lambda head: head.startswith(magic),
+                          lambda path, name, engine, process: LinesTrace(path, name))
+    monkeypatch.setattr(loaders, "FORMATS", (line,) + loaders.FORMATS)
+    own = tmp_path / "run.lines"
+    own.write_text("#gpu-lines\nampere_sgemm_128x64_nn,10000,18304,5000\nvectorized_elementwise_kernel,40000,9120,35000")
+    report = analyze(own)
+    assert report.summary.kernel_count == 2 and report.summary.kernel_ns == 18_304 + 9_120
+    assert {r.category: r.total_ns for r in report.categories.rows} == {"gemm": 18_304, "elementwise": 9_120}
+    assert load(kineto_min).format == "kineto-json"  # the formats after it read as before

@@ -472,7 +472,10 @@ def test_diff_of_two_ncu_exports_per_family(tmp_path: Path, capsys: pytest.Captu
     assert d.families[0].family == "warptiling"  # ordered by the size of the change
     out = tmp_path / "d.json"
     assert main_diff([str(ESMM), str(after), "--format", "json", "-o", str(out)]) == 0
-    assert json.loads(out.read_text())["schema"] == "gpuprobe.ncu-diff/1"
+    body = json.loads(out.read_text())
+    assert body["schema"] == "gpuprobe.ncu-diff/1"
+    # findings as in every other JSON output: asks_nothing only where it is true
+    assert body["findings"] == (None if d.findings is None else [f.to_dict() for f in d.findings])
     assert main_diff([str(ESMM), str(after)]) == 0
     assert "Nsight Compute diff" in capsys.readouterr().out
 
@@ -748,3 +751,12 @@ def test_damaged_exports_give_a_report_or_an_input_error(source: Path, tmp_path:
                 assert render_ncu(report, fmt)
             outcomes.add("report")
     assert outcomes == {"report", "error"}
+
+
+def test_findings_in_json_as_in_every_other_output_asks_nothing_only_where_true() -> None:
+    report = analyze_ncu(SUPERBENCH)
+    assert report.findings  # the export has rule results
+    body = report.to_dict()
+    assert body["findings"] == [f.to_dict() for f in report.findings]
+    for finding, shown in zip(report.findings, body["findings"]):
+        assert ("asks_nothing" in shown) == finding.asks_nothing

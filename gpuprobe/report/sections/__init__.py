@@ -32,6 +32,7 @@ from gpuprobe.report.sections import (
     ranks,
     small_ops,
     steps,
+    streams,
     summary,
     timeline,
 )
@@ -58,6 +59,7 @@ REGISTRY: tuple[Section, ...] = (
     idle.SECTION,
     flops.SECTION,
     communication.SECTION,
+    streams.SECTION,
 )
 #: Section names, in report order.
 SECTIONS: tuple[str, ...] = tuple(s.name for s in REGISTRY)
@@ -67,7 +69,7 @@ BY_NAME: dict[str, Section] = {s.name: s for s in REGISTRY}
 #: the text and Markdown outputs leave them out (the summary's warning says why; JSON and CSV keep them).
 GPU_ONLY: frozenset[str] = frozenset(
     {"kernels", "categories", "families", "non_gemm", "attention", "launches", "memory", "small_ops", "idle",
-     "communication"}
+     "communication", "streams"}
 )
 #: The sections a report holds when none are named.
 DEFAULT_SECTIONS: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.default)
