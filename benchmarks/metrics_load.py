@@ -393,6 +393,7 @@ def environment(args: argparse.Namespace) -> str:
 
     import gpuprobe
 
+    end = os.getloadavg()[0]
     return (f"gpuprobe {gpuprobe.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
             f"Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, "
             f"{torch.get_num_threads()} torch thread(s); "
@@ -402,8 +403,10 @@ def environment(args: argparse.Namespace) -> str:
             f"{args.seconds:g} s per scenario; {args.clients} clients; {args.half_open} half-sent connections "
             f"in the flood; default `Limits` (100 connections a second, 10 % of a core, 2 workers, 64 waiting, "
             f"5 s read timeout) and `collect_interval` (0.5 s). Load average (1 min) {args.load[0]:.1f} at the start, "
-            f"{os.getloadavg()[0]:.1f} at the end: above the CPU count, other processes shared the machine and "
-            "the ratios are theirs as much as the server's.")
+            f"{end:.1f} at the end"
+            + (": above the CPU count, other processes shared the machine and the ratios are theirs as much as the "
+               "server's." if max(args.load[0], end) > (os.cpu_count() or 1) else
+               " (the run's own processes: nothing else ran)."))
 
 
 def main(argv: list[str] | None = None) -> int:
