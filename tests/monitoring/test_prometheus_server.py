@@ -86,8 +86,11 @@ def test_panels_ignore_the_labels_an_otel_collector_adds(stack: Stack) -> None:
     scoped = stack.prom.query(f'count(gpuprobe_step_duration_seconds_count{{instance="{stack.sim}", '
                               'otel_scope_name="gpuprobe"})')
     assert scoped, "the simulated collector labels are missing"
+    # A scope label that splits a line shows as more series through the collector. Fewer is no split: the
+    # two workloads are processes of their own, and a panel by draft position shows the positions each
+    # has reached so far (on a busy machine one may be behind).
     split = [f"{a.panel} / {a.ref}: {a.series} series direct, {b.series} via collector"
-             for a, b in zip(direct, via_collector, strict=True) if a.series != b.series]
+             for a, b in zip(direct, via_collector, strict=True) if b.series > a.series]
     assert not split, "scope labels split lines:\n" + "\n".join(split)
 
 
