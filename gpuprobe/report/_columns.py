@@ -187,8 +187,11 @@ def quantile(sorted_values: Sequence[Any], q: float) -> float:
     pos = (n - 1) * q
     lo = math.floor(pos)
     hi = min(lo + 1, n - 1)
-    a = int(sorted_values[lo])
-    b = int(sorted_values[hi])
+    a, b = sorted_values[lo], sorted_values[hi]
+    # Whole numbers (numpy's too) as Python ints, so large nanosecond values never lose digits; a fraction
+    # (a per-token figure) stays one: truncating it first moved a per-token median by more than 1 ns.
+    a = a if isinstance(a, float) else int(a)
+    b = b if isinstance(b, float) else int(b)
     return a + (b - a) * (pos - lo)
 
 
