@@ -2,7 +2,8 @@
 
 The program: a tiny Llama built from a config (no download), instrumented by gpuprobe's transformers
 integration, calls ``generate()`` (8 new tokens, greedy) in a loop on its main thread with one torch
-thread, while ``gpuprobe.serve()`` serves /metrics on a free port with its default limits. The
+thread, while ``serve()`` serves /metrics on a free port with its default limits (answered by its front
+process; ``--in-process``: by the program's own threads, for comparison). The
 scrapers run in another process (this script with ``--scraper``): real HTTP clients (``http.client``),
 a new connection per scrape, sending what Prometheus sends (its ``Accept`` header, ``gzip``):
 
@@ -247,9 +248,22 @@ def server_cpu() -> tuple[float, float]:
     return total, user
 
 
+def front_cpu(server: Any) -> float:
+    """CPU seconds of the front process so far, all its threads (Linux; 0 without a front)."""
+    pid = server.front_pid
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def measure(model: Any, ids: Any, server: Any, seconds: float) -> dict[str, Any]:
     """generate() in a loop for ``seconds``: calls/s, the server's threads (most seen), its CPU and counts."""
-    before, cpu0 = server.stats(), server_cpu()
+    before, cpu0, front0 = server.stats(), server_cpu(), front_cpu(server)
     calls, most_threads, next_look = 0, 0, 0.0
     t0, main0 = time.perf_counter(), time.thread_time()
     end = t0 + seconds
@@ -260,11 +274,12 @@ def measure(model: Any, ids: Any, server: Any, seconds: float) -> dict[str, Any]
             most_threads = max(most_threads, server.stats()["threads"])
             next_look = now + 0.2
     elapsed, main_cpu = time.perf_counter() - t0, time.thread_time() - main0
-    after, cpu1 = server.stats(), server_cpu()
+    after, cpu1, front1 = server.stats(), server_cpu(), front_cpu(server)
     most_threads = max(most_threads, after["threads"])
     diff = {k: after[k] - before[k] for k in after if k != "threads"}
     return {"calls_per_s": calls / elapsed, "elapsed": elapsed, "threads": most_threads, "main_cpu_s": main_cpu,
-            "server_cpu_s": cpu1[0] - cpu0[0], "server_user_s": cpu1[1] - cpu0[1], **diff}
+            "server_cpu_s": cpu1[0] - cpu0[0], "server_user_s": cpu1[1] - cpu0[1], "front_cpu_s": front1 - front0,
+            **diff}
 
 
 def settle(server: Any) -> None:
@@ -337,6 +352,13 @@ def summarize(runs: dict[str, list[dict[str, Any]]], base: list[dict[str, Any]])
                 "refused": sum(r["scrapes"]["refused"] for r in rs), "other": sum(r["scrapes"]["other_status"] for r in rs),
                 "cpu_per_scrape_ms": 1e3 * sum(r["server_cpu_s"] for r in rs) / max(answered, 1),
                 "user_per_scrape_ms": 1e3 * sum(r["server_user_s"] for r in rs) / max(answered, 1),
+                "front_per_scrape_ms": 1e3 * sum(r["front_cpu_s"] for r in rs) / max(answered, 1),
+                # The program's time a scrape takes by its own CPU accounting, per repetition: what the
+                # generating thread lost on CPU against the baseline, plus what the program's server threads
+                # used beyond it, over the requests answered (the machine's other processes do not enter).
+                "cpu_cost_ms": [1e3 * ((b["main_cpu_s"] / b["elapsed"] - r["main_cpu_s"] / r["elapsed"])
+                                       + (r["server_cpu_s"] / r["elapsed"] - b["server_cpu_s"] / b["elapsed"]))
+                                / max(r["answered"] / r["elapsed"], 1e-9) for r, b in zip(rs, base)],
                 "cut": sum(r["scrapes"]["cut"] for r in rs), "timed_out": sum(r["timed_out"] for r in rs),
                 "evicted": sum(r["evicted"] for r in rs)})
         rows.append(row)
@@ -362,27 +384,30 @@ def verdict(row: dict[str, Any]) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| scenario | scrapes/s answered | latency p50 / p99 / max (ms) | errors | 503 | server threads (most) "
-            "| server CPU per scrape, ms: all (user) | renders/s | on CPU: generating thread, server threads "
-            "| generate() calls/s | throughput ratio: median (range) | program time per scrape (ms) | goal | |")
-    lines = [head, "|---|---:|---|---|---:|---:|---:|---:|---|---:|---|---:|---|---|"]
+            "| program's server CPU per scrape, ms: all (user) | front process CPU per scrape, ms | renders/s | on CPU: generating thread, server threads "
+            "| generate() calls/s | throughput ratio: median (range) | program time per scrape (ms) "
+            "| program time per scrape by CPU accounting (ms): median (range) | goal | |")
+    lines = [head, "|---|---:|---|---|---:|---:|---:|---:|---:|---|---:|---|---:|---|---|---|"]
     for row in rows:
         ratios = row["ratios"]
         ratio = ("1 (reference)" if row["scenario"] == "none" else
                  f"**{statistics.median(ratios):.3f}** ({min(ratios):.3f} – {max(ratios):.3f})")
         if row["scenario"] == "none":
-            lines.append(f"| none | – | – | – | – | {row['threads']} | – | {row['renders_per_s']:.1f} "
-                         f"| {row['main_share']:.0%}, {row['server_share']:.1%} | {row['calls_per_s']:.0f} | {ratio} | – "
-                         "| | |")
+            lines.append(f"| none | – | – | – | – | {row['threads']} | – | – | {row['renders_per_s']:.1f} "
+                         f"| {row['main_share']:.1%}, {row['server_share']:.1%} | {row['calls_per_s']:.0f} | {ratio} | – "
+                         "| – | | |")
             continue
         errors = ", ".join(f"{v} {k}" for k, v in sorted(row["errors"].items())) or "0"
         # In the flood most of the server's work is cutting half-sent connections, not answering scrapes.
         cost = "–" if row["scenario"] == "flood" else f"{row['cost_ms']:.2f}"
+        c = row["cpu_cost_ms"]
+        cpu_cost = "–" if row["scenario"] == "flood" else f"{statistics.median(c):.2f} ({min(c):.2f} – {max(c):.2f})"
         lines.append(
             f"| {row['scenario']} | {row['scrapes_per_s']:.1f} | {row['p50'] * 1e3:.1f} / {row['p99'] * 1e3:.1f} / "
             f"{row['max'] * 1e3:.1f} | {errors} | {row['refused']} | {row['threads']} "
-            f"| {row['cpu_per_scrape_ms']:.3f} ({row['user_per_scrape_ms']:.3f}) "
-            f"| {row['renders_per_s']:.1f} | {row['main_share']:.0%}, {row['server_share']:.1%} "
-            f"| {row['calls_per_s']:.0f} | {ratio} | {cost} | {GOALS.get(row['scenario'], '')} "
+            f"| {row['cpu_per_scrape_ms']:.3f} ({row['user_per_scrape_ms']:.3f}) | {row['front_per_scrape_ms']:.3f} "
+            f"| {row['renders_per_s']:.1f} | {row['main_share']:.1%}, {row['server_share']:.1%} "
+            f"| {row['calls_per_s']:.0f} | {ratio} | {cost} | {cpu_cost} | {GOALS.get(row['scenario'], '')} "
             f"| {verdict(row)} |")
     return "\n".join(lines)
 
@@ -399,6 +424,8 @@ def environment(args: argparse.Namespace) -> str:
             f"{torch.get_num_threads()} torch thread(s); "
             + (f"the program on CPU {','.join(map(str, args.program_cpus))}, the scrapers on CPU "
                f"{','.join(map(str, args.scraper_cpus))}. " if args.program_cpus else "no CPU pinning. ")
+            + ("/metrics answered by the program's own threads (`--in-process`); " if args.in_process else
+               "/metrics answered by the front process (the default; the program renders for it once per interval); ")
             + f"{args.repeats} interleaved repetitions of "
             f"{args.seconds:g} s per scenario; {args.clients} clients; {args.half_open} half-sent connections "
             f"in the flood; default `Limits` (100 connections a second, 10 % of a core, 2 workers, 64 waiting, "
@@ -418,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 repetitions of 4 s")
     parser.add_argument("--markdown", type=Path, help="write the results file here (e.g. benchmarks/RESULTS-metrics.md)")
     parser.add_argument("--no-pin", action="store_true", help="leave the program and the scrapers on any CPU")
+    parser.add_argument("--in-process", action="store_true",
+                        help="serve from the program's own threads (serve(in_process=True)) instead of a front process")
     parser.add_argument("--cpus", default="", help=argparse.SUPPRESS)
     parser.add_argument("--scraper", choices=SCENARIOS[1:], help=argparse.SUPPRESS)
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -440,11 +469,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    import gpuprobe
+    from gpuprobe.exporters.prometheus import serve
 
     torch.set_num_threads(1)
     model, ids = build_model()
-    server = gpuprobe.serve(port=0)
+    server = serve(port=0, in_process=args.in_process)
     for _ in range(20):  # warm up: the first calls build caches
         generate(model, ids)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SCENARIOS}
@@ -480,7 +509,14 @@ def main(argv: list[str] | None = None) -> int:
         "hand-over costs the generating thread too. \"On CPU\" is the share of the wall-clock window the",
         "generating thread and the server's threads ran: when the generating thread's share falls by more than",
         "the server's, other processes took the difference (the machine, not the server). A negative time or a",
-        "ratio above 1 is noise larger than the effect measured.",
+        "ratio above 1 is noise larger than the effect measured. With the front process (the default), the",
+        "program's server threads only answer the front's requests (one per interval and format); the front's",
+        "own CPU, in a process of its own, is the column after them. The program's time per scrape by CPU",
+        "accounting is the generating thread's loss of time on CPU against the baseline of the same repetition",
+        "plus the CPU its server threads used beyond the baseline's, over the requests answered a second: what",
+        "the server takes from the program, without what the machine's other processes (the scrapers, the",
+        "front) take from the CPU the program runs on, which the throughput ratio also holds on a machine of",
+        "two CPUs.",
         "In the flood, half-sent connections cut by the server (read timeout, or past the connection bound): "
         + ", ".join(f"{row['cut']} seen by the clients ({row['timed_out']} timed out, {row['evicted']} evicted)"
                     for row in rows if row["scenario"] == "flood") + ".",

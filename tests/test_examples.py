@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 from pathlib import Path
 
 from helpers import ROOT
+
+# What these tests check runs in processes of their own: a simulated CUDA in this one changes nothing.
+pytestmark = pytest.mark.subprocess_only
 
 
 def run_example(name: str) -> str:

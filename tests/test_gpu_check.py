@@ -26,6 +26,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.gpu import check, report, runner  # noqa: E402
 from benchmarks.gpu._ab import Budget, alternate, figure  # noqa: E402
 
+# What these tests check runs in processes of their own: a simulated CUDA in this one changes nothing.
+pytestmark = pytest.mark.subprocess_only
+
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -145,6 +148,7 @@ def test_variants_alternate_in_an_order_rotated_every_round() -> None:
 
 FAKE_RUNNER = """
 import argparse, json, os, sys, time
+
 ap = argparse.ArgumentParser()
 for a in ("--parts", "--size", "--deadline", "--min-rounds", "--max-rounds"):
     ap.add_argument(a)

@@ -17,6 +17,9 @@ import pytest
 
 from helpers import ROOT
 
+# What these tests check runs in processes of their own: a simulated CUDA in this one changes nothing.
+pytestmark = pytest.mark.subprocess_only
+
 STEP = Path(ROOT) / "scripts" / "gpu_check_try.py"
 CHECK = Path(ROOT) / "scripts" / "gpu-check"
 

@@ -1,6 +1,8 @@
 """The /metrics server under load, over real sockets and HTTP clients: half-sent requests are cut, the
 threads stay bounded, the body is reused within its interval, excess requests wait or get 503, and the
-capture endpoint still answers. (What load costs the program is measured by
+capture endpoint still answers; each whether a front process answers the port (the default) or the
+program's own threads do. Then the front process itself: it ends with the program, and the program takes
+the port over when it ends or cannot start. (What load costs the program is measured by
 ``benchmarks/metrics_load.py``, not here.)"""
 
 from __future__ import annotations
@@ -8,7 +10,11 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -51,12 +57,14 @@ def server_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("gpuprobe-metrics")]
 
 
-@pytest.fixture
-def serve() -> Any:
+@pytest.fixture(params=["front", "in_process"])
+def serve(request: Any) -> Any:
+    """Start servers the given way: answered by a front process (the default) or by the program's threads."""
     started: list[Server] = []
 
     def start(**limits: Any) -> Server:
-        server = serve_metrics(port=0, limits=Limits(**limits))
+        server = serve_metrics(port=0, limits=Limits(**limits), in_process=request.param == "in_process")
+        assert (server.front_pid is None) == (request.param == "in_process")
         started.append(server)
         return server
 
@@ -250,3 +258,89 @@ def test_closing_frees_the_port_and_stops_every_thread(serve) -> None:
 def test_a_bad_limit_is_a_clear_error_naming_it(field: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=f"Limits.{field} must be"):
         Limits(**{field: value})
+
+
+# -- the front process -----------------------------------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (ended, not yet reaped by its parent) has ended too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_scrapes_are_answered_by_a_process_of_their_own_that_asks_the_program_once_per_interval() -> None:
+    reset(collect_interval=60.0)
+    server = serve_metrics(port=0)
+    try:
+        pid = server.front_pid
+        assert pid is not None and pid != os.getpid() and _alive(pid)
+        with open(f"/proc/{pid}/status") as f:  # a process of its own, whose parent is the program
+            assert f"PPid:\t{os.getpid()}" in f.read()
+        bodies = {get(server)[2] for _ in range(30)}
+        assert len(bodies) == 1 and b"gpuprobe_build_info{" in bodies.pop()
+        stats = server.stats()
+        assert stats["answered"] == 30 and stats["renders"] == 1  # thirty scrapes, one rendering in the program
+    finally:
+        server.close()
+    wait_for(lambda: not _alive(pid), "the front to end with the endpoint")
+
+
+def test_when_the_front_process_ends_the_program_answers_the_port_itself() -> None:
+    server = serve_metrics(port=0)
+    try:
+        pid = server.front_pid
+        assert pid is not None and get(server)[0] == 200
+        with pytest.warns(RuntimeWarning, match=r"front process ended \(exit status -9\); the program answers"):
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: server.front_pid is None, "the program to take the port over")
+        status, _, body = get(server)  # the same port, the same body
+        assert status == 200 and b"gpuprobe_build_info{" in body
+        assert server.stats()["answered"] >= 1
+    finally:
+        server.close()
+    assert server_threads() == []
+
+
+def test_a_front_process_that_cannot_start_leaves_the_program_answering(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # what an embedded interpreter may report
+    with pytest.warns(RuntimeWarning, match="front process could not start .*the program answers scrapes itself"):
+        server = serve_metrics(port=0)
+    try:
+        assert server.front_pid is None
+        assert get(server)[0] == 200
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_front_process_ends_with_the_program_even_when_the_program_is_killed(tmp_path: Any) -> None:
+    program = ("import os, sys, time\n"
+               "from gpuprobe.exporters.prometheus import serve\n"
+               "server = serve(port=0)\n"
+               "print(server.port, server.front_pid, flush=True)\n"
+               "time.sleep(600)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        port, pid = (int(x) for x in proc.stdout.readline().split())
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/metrics")
+        assert conn.getresponse().status == 200
+        conn.close()
+        proc.kill()  # no exit handler runs
+        proc.wait(30)
+        wait_for(lambda: not _alive(pid), "the front to end after its program")
+        with socket.socket() as s:  # and the port is free again
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+    finally:
+        proc.kill()
+        proc.wait(30)

@@ -17,9 +17,13 @@ import pytest
 
 from gpuprobe import config
 
+# What these tests check runs in processes of their own: a simulated CUDA in this one changes nothing.
+pytestmark = pytest.mark.subprocess_only
+
 PROGRAM = """\
 import gpuprobe
 from gpuprobe import probe
+
 
 @probe
 def add(a, b):

@@ -13,6 +13,9 @@ import pytest
 
 from helpers import ROOT, cuda_present
 
+# What these tests check runs in processes of their own: a simulated CUDA in this one changes nothing.
+pytestmark = pytest.mark.subprocess_only
+
 CHECKS = os.path.join("tests", "_simulated_machine_check.py")
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import gzip
 import io
 import queue
 import selectors
@@ -44,7 +45,7 @@ from wsgiref.simple_server import WSGIRequestHandler
 
 from ..errors import ConfigError
 
-__all__ = ["Limits", "Site", "HttpServer", "response"]
+__all__ = ["Limits", "Site", "HttpServer", "Rendered", "response"]
 
 _HEAD_END = b"\r\n\r\n"
 _MAX_HEAD = 16384  # bytes of request line and headers; past it: 431
@@ -116,6 +117,35 @@ def response(status: str, body: bytes, headers: tuple[tuple[str, str], ...] = ()
     head = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in headers), f"Content-Length: {len(body)}",
             "Connection: close", "", ""]
     return "\r\n".join(head).encode("latin-1") + body
+
+
+class Rendered:
+    """One rendering of a /metrics body in one format, and the whole responses made of it (plain or gzip,
+    GET or HEAD)."""
+
+    __slots__ = ("at", "content_type", "body", "responses")
+
+    def __init__(self, at: float, content_type: str, body: bytes) -> None:
+        self.at = at
+        self.content_type = content_type
+        self.body = body
+        self.responses: dict[tuple[bool, bool], bytes] = {}  # (gzip, head only) -> whole response
+        self._add(False, body)
+
+    def _add(self, gzipped: bool, body: bytes) -> None:
+        headers = (("Content-Type", self.content_type),) + ((("Content-Encoding", "gzip"),) if gzipped else ())
+        whole = response("200 OK", body, headers)
+        self.responses[(gzipped, False)] = whole
+        self.responses[(gzipped, True)] = whole[: len(whole) - len(body)]
+
+    def get(self, gzipped: bool, head: bool) -> bytes:
+        """The response (compressed now if it was not yet: once per rendering; the caller holds the lock)."""
+        found = self.responses.get((gzipped, head))
+        if found is None:
+            # Level 6: a third of level 9's time for a body a few percent larger; zlib releases the GIL.
+            self._add(True, gzip.compress(self.body, compresslevel=6))
+            found = self.responses[(gzipped, head)]
+        return found
 
 
 def _plain(status: str, text: str, *extra: tuple[str, str]) -> bytes:

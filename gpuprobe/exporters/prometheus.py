@@ -17,13 +17,16 @@ Under load (see :mod:`gpuprobe.exporters._http` and ``benchmarks/metrics_load.py
 rendered at most once per ``collect_interval`` (0.5 s by default) and reused by every scrape in
 between, compressed only for a scraper that asks for gzip; a cached scrape is answered without a
 thread of its own; the server's threads, connections, time per request and CPU are bounded
-(:class:`Limits`).
+(:class:`Limits`). By default the port is answered by a front process of its own
+(:mod:`gpuprobe.exporters._front`), so that scrapes cost the program one rendering per interval and
+nothing more; ``serve(in_process=True)``, or a platform where that process cannot start, serves from
+the program's own threads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
-import gzip
 import os
 import socket
 import sys
@@ -38,8 +41,8 @@ from .._metrics import MetricData, build_info_labels, cumulative, prometheus_lab
 from ..errors import ConfigError, missing
 from ..runtime import Runtime
 from ..runtime import runtime as _runtime
-from . import _page
-from ._http import HttpServer, Limits, response
+from . import _front, _page
+from ._http import HttpServer, Limits, Rendered
 
 try:
     from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -222,34 +225,6 @@ class GpuprobeCollector:
         return []  # families appear as probes run; no fixed description
 
 
-class _Rendered:
-    """One rendering of the body in one format, and the responses made of it."""
-
-    __slots__ = ("at", "content_type", "body", "responses")
-
-    def __init__(self, at: float, content_type: str, body: bytes) -> None:
-        self.at = at
-        self.content_type = content_type
-        self.body = body
-        self.responses: dict[tuple[bool, bool], bytes] = {}  # (gzip, head only) -> whole response
-        self._add(False, body)
-
-    def _add(self, gzipped: bool, body: bytes) -> None:
-        headers = (("Content-Type", self.content_type),) + ((("Content-Encoding", "gzip"),) if gzipped else ())
-        whole = response("200 OK", body, headers)
-        self.responses[(gzipped, False)] = whole
-        self.responses[(gzipped, True)] = whole[: len(whole) - len(body)]
-
-    def get(self, gzipped: bool, head: bool) -> bytes:
-        """The response (compressed now if it was not yet: once per rendering; the caller holds the lock)."""
-        found = self.responses.get((gzipped, head))
-        if found is None:
-            # Level 6: a third of level 9's time for a body a few percent larger; zlib releases the GIL.
-            self._add(True, gzip.compress(self.body, compresslevel=6))
-            found = self.responses[(gzipped, head)]
-        return found
-
-
 class _Job:
     """A scrape: the format asked for, gzip or not, and whether it is a HEAD request."""
 
@@ -290,12 +265,14 @@ class _Exposition:
         self._collector = collector
         self._registry = registry
         self._lock = threading.Lock()
-        self._rendered: dict[str, _Rendered] = {}  # by content type
+        self._rendered: dict[str, Rendered] = {}  # by content type
         self._negotiated: dict[str, tuple[Callable[[], bytes], str]] = {}  # Accept header -> choice
         self.renders = 0
+        # False behind a front process: it asks at most once per interval, and wants a body rendered now.
+        self.reuse = True
 
-    def _fresh(self, rendered: _Rendered | None, now: float) -> bool:
-        return rendered is not None and now - rendered.at < self._rt.settings.collect_interval
+    def _fresh(self, rendered: Rendered | None, now: float) -> bool:
+        return self.reuse and rendered is not None and now - rendered.at < self._rt.settings.collect_interval
 
     def route(self, method: str, target: str, headers: Mapping[str, str]) -> _Job | bytes | None:
         """Scrapes (GET or HEAD, any path but the capture endpoint's, no query) are the exposition's; the
@@ -334,7 +311,7 @@ class _Exposition:
             rendered = self._rendered.get(job.content_type)
             now = time.monotonic()
             if not self._fresh(rendered, now):
-                rendered = _Rendered(now, job.content_type, job.encoder())
+                rendered = Rendered(now, job.content_type, job.encoder())
                 self._rendered[job.content_type] = rendered
                 self.renders += 1
             assert rendered is not None
@@ -342,14 +319,46 @@ class _Exposition:
 
 
 class _Endpoint:
-    """The HTTP server behind one address and port, shared by every :class:`Server` handle on it."""
+    """The HTTP server behind one address and port, shared by every :class:`Server` handle on it.
 
-    def __init__(self, server: HttpServer, exposition: _Exposition, addr: str, port: int) -> None:
+    With a front process (:mod:`._front`), ``server`` is the program's own server on a loopback port that
+    only the front asks, and ``listener`` the public socket the front answers on; if the front ends by
+    itself, the program serves ``listener`` in-process from then on (:meth:`_front_ended`).
+    """
+
+    def __init__(self, server: HttpServer, exposition: _Exposition, addr: str, port: int, *,
+                 rt: Runtime, listener: socket.socket | None = None, front: _front.Front | None = None,
+                 make_server: Callable[[socket.socket], HttpServer] | None = None) -> None:
         self.server = server
         self.exposition = exposition
         self.addr = addr
         self.port = port
         self.users = 0
+        self.front = front
+        self._rt = rt
+        self._listener = listener
+        self._make_server = make_server
+        self._watcher: threading.Thread | None = None
+        if front is not None:
+            self._watcher = threading.Thread(target=self._front_ended, name="gpuprobe-metrics-front", daemon=True)
+            self._watcher.start()
+
+    def _front_ended(self) -> None:
+        front = self.front
+        assert front is not None
+        status = front.wait_for_end()
+        with _lock:
+            if front.closing or self.front is not front:
+                return
+            listener, make = self._listener, self._make_server
+            assert listener is not None and make is not None
+            self.front = None
+            self.exposition.reuse = True
+            internal, self.server = self.server, make(listener)
+        front.close()  # its pipes (it has ended)
+        internal.close()
+        self._rt.warn_once("metrics-front", f"gpuprobe: the /metrics front process ended (exit status {status}); "
+                                            "the program answers scrapes itself from now on")
 
     def release(self) -> None:
         with _lock:
@@ -357,7 +366,28 @@ class _Endpoint:
             if self.users > 0:
                 return
             _servers.pop((self.addr, self.port), None)
+            front, self.front = self.front, None
+        if front is not None:
+            front.close()
+            if self._watcher is not None and self._watcher is not threading.current_thread():
+                self._watcher.join(2.0)
         self.server.close()
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except OSError:
+                pass
+
+    def forget_in_child(self) -> None:
+        """In a forked child: none of the endpoint's threads runs here; close what the child inherited."""
+        if self.front is not None:
+            self.front.forget_in_child()
+        self.server.forget_in_child()
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except OSError:
+                pass
 
 
 class Server:
@@ -404,8 +434,19 @@ class Server:
             >>> server.close()
         """
         endpoint = self._endpoint
+        front = endpoint.front
+        counts = front.stats() if front is not None else None
+        if counts is not None:  # the front's threads and counts: the requests it answered
+            return {"threads": int(counts.get("threads", 0)), "renders": endpoint.exposition.renders,
+                    **{k: int(counts.get(k, 0)) for k in endpoint.server.counts}}
         return {"threads": endpoint.server.threads(), "renders": endpoint.exposition.renders,
                 **endpoint.server.counts}
+
+    @property
+    def front_pid(self) -> int | None:
+        """The process id of the front process answering the port (None when the program answers it)."""
+        front = self._endpoint.front
+        return front.pid if front is not None else None
 
     def close(self) -> None:
         """Release this handle; the port is freed when the last handle on it is closed."""
@@ -415,7 +456,8 @@ class Server:
         self._endpoint.release()
 
     def __repr__(self) -> str:
-        return f"<gpuprobe /metrics at {self.url}>"
+        pid = self.front_pid
+        return f"<gpuprobe /metrics at {self.url}, " + (f"answered by front process {pid}>" if pid else "answered in-process>")
 
 
 _servers: dict[tuple[str, int], _Endpoint] = {}
@@ -437,7 +479,7 @@ def _bind(addr: str, port: int) -> socket.socket:
 
 
 def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime | None = None,
-          owner: Owner = "user", limits: Limits | None = None) -> Server:
+          owner: Owner = "user", limits: Limits | None = None, in_process: bool = False) -> Server:
     """Serve gpuprobe's metrics for Prometheus at ``http://addr:port/metrics``, and the live page at
     ``http://addr:port/`` (:attr:`Server.page_url`): live charts of them in a browser, polling /metrics.
 
@@ -451,6 +493,10 @@ def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime 
         limits: how much the server may take from the program (:class:`Limits`: threads, requests
             waiting, connections, read timeout, listen backlog, CPU share); the defaults suit a
             Prometheus scraping every few seconds and hold under a flood of scrapers.
+        in_process: answer the port from the program's own threads. By default a front process of its
+            own answers it (:mod:`gpuprobe.exporters._front`: a scrape then costs the program nothing but
+            one rendering per ``collect_interval``), and the program answers it only where that process
+            cannot start (it warns once then). The endpoint works the same either way.
 
     Returns:
         A handle on the running endpoint (a new handle on the same endpoint if this process already
@@ -504,14 +550,53 @@ def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime 
                 f"gpuprobe cannot serve /metrics on {addr}:{port}{rank}: {exc.strerror or exc}; "
                 f"check {setting} and GPUPROBE_PROMETHEUS_ADDR"
             ) from None
-        httpd = HttpServer(listener, exposition, app, limits or Limits(), lambda exc: rt.warn_once(
-            "metrics-server", f"gpuprobe: the /metrics server could not answer a request: {exc!r}"))
-        endpoint = _Endpoint(httpd, exposition, addr, listener.getsockname()[1])
+        limits = limits or Limits()
+
+        def on_error(exc: BaseException) -> None:
+            rt.warn_once("metrics-server", f"gpuprobe: the /metrics server could not answer a request: {exc!r}")
+
+        def in_program(sock: socket.socket) -> HttpServer:
+            return HttpServer(sock, exposition, app, limits, on_error)
+
+        front = None
+        if not in_process and _front.available():
+            front, httpd = _start_front(rt, listener, exposition, app, limits, on_error)
+        if front is None:
+            httpd = in_program(listener)
+            endpoint = _Endpoint(httpd, exposition, addr, listener.getsockname()[1], rt=rt)
+        else:
+            assert httpd is not None
+            endpoint = _Endpoint(httpd, exposition, addr, listener.getsockname()[1], rt=rt, listener=listener,
+                                 front=front, make_server=in_program)
         endpoint.users = 1
         _servers[(addr, endpoint.port)] = endpoint
     server = Server(endpoint)
     rt.add_closeable(server, owner=owner)
     return server
+
+
+def _start_front(rt: Runtime, listener: socket.socket, exposition: _Exposition, app: Any, limits: Limits,
+                 on_error: Callable[[BaseException], None]) -> tuple[_front.Front | None, HttpServer | None]:
+    """The front process answering ``listener``, and the program's own server on a loopback port it asks;
+    (None, None) with one warning if the front cannot start (the caller then serves in-process)."""
+    internal = None
+    try:
+        listener.listen(limits.backlog)  # connections wait in the kernel while the front starts
+        upstream = _bind("127.0.0.1", 0)
+        # The front's bounds protect the program; this server only ever sees the front's few requests.
+        internal = HttpServer(upstream, exposition, app, dataclasses.replace(limits, cpu_share=1.0, rate=1e6),
+                              on_error)
+        exposition.reuse = False
+        front = _front.Front(listener, upstream.getsockname()[1], limits, rt.settings.collect_interval,
+                             _on_demand.PATH)
+        return front, internal
+    except Exception as exc:  # fail open: the program answers the port itself
+        exposition.reuse = True
+        if internal is not None:
+            internal.close()
+        rt.warn_once("metrics-front", f"gpuprobe: the /metrics front process could not start ({exc}); the "
+                                      "program answers scrapes itself (serve(in_process=True) says so quietly)")
+        return None, None
 
 
 def _forget_after_fork() -> None:
@@ -520,7 +605,7 @@ def _forget_after_fork() -> None:
     global _lock
     _lock = threading.Lock()
     for endpoint in list(_servers.values()):
-        endpoint.server.forget_in_child()
+        endpoint.forget_in_child()
     _servers.clear()
 
 

@@ -178,6 +178,7 @@ def _process(name: str, cmd: list[str], ready: str, timeout: float = 240) -> Ite
             proc.stop()
 
 
+@pytest.mark.subprocess_only  # the page watches a process of its own
 def test_the_demos_page_shows_what_metrics_holds_while_it_runs_and_after(tmp_path: Any) -> None:
     port = free_port()
     # 150 requests generate for about 30 s on a quiet machine: long enough for a sliding window to pass its
@@ -217,6 +218,7 @@ def test_the_demos_page_shows_what_metrics_holds_while_it_runs_and_after(tmp_pat
         assert 3 <= len(page.metrics) - polls <= 7  # one scrape a second
 
 
+@pytest.mark.subprocess_only  # the page watches a process of its own
 def test_the_page_follows_continuous_batching_speculative_decoding_and_failures() -> None:
     port = free_port()
     cmd = [sys.executable, WORKLOAD, "--port", str(port), "--seconds", "300", "--pause", "0.05"]
@@ -238,6 +240,7 @@ def test_the_page_follows_continuous_batching_speculative_decoding_and_failures(
         check_stays_home(page, origin)
 
 
+@pytest.mark.subprocess_only  # the page watches a process of its own
 def test_gpu_health_appears_where_nvml_is_on() -> None:
     port = free_port()
     cmd = [sys.executable, WORKLOAD, "--port", str(port), "--seconds", "300", "--gpu-fixture"]

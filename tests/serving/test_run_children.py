@@ -9,6 +9,7 @@ without an endpoint (its probes still record, and its other exporters still expo
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -18,6 +19,9 @@ from pathlib import Path
 
 import pytest
 from _servekit import GPUPROBE, child_env, free_port
+
+# What these tests check runs in processes of their own: a simulated CUDA in this one changes nothing.
+pytestmark = pytest.mark.subprocess_only
 
 PY = sys.executable
 
@@ -36,6 +40,7 @@ def served():
 
 PARENT = PROBED + """
 import multiprocessing, subprocess
+
 
 def spawned():
     assert work(3) == 6
@@ -70,7 +75,8 @@ def test_probed_children_of_a_probed_parent_all_run(tmp_path: Path) -> None:
                           env=child_env(), capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert lines[0] == f"parent ['<gpuprobe /metrics at http://127.0.0.1:{port}/metrics>']"
+    assert re.fullmatch(rf"parent \['<gpuprobe /metrics at http://127\.0\.0\.1:{port}/metrics, "
+                        r"answered by front process \d+>'\]", lines[0]), lines[0]
     # The children find the port taken: no endpoint, one warning each, and they run to the end.
     assert lines[1:] == ["child 0", "subprocess exit 0", "spawned 0", "spawn exit 0"]
     warned = [line for line in done.stderr.splitlines() if "RuntimeWarning" in line]
@@ -105,6 +111,7 @@ def test_torchrun_workers_each_serve_on_the_port_plus_their_local_rank(tmp_path:
                           timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     workers = sorted(line for line in done.stdout.splitlines() if line.startswith("worker"))
-    assert workers == [f"worker {rank} ['<gpuprobe /metrics at http://127.0.0.1:{port + rank}/metrics>']"
-                       for rank in (0, 1)]
+    assert [re.sub(r"front process \d+", "front process N", w) for w in workers] == [
+        f"worker {rank} ['<gpuprobe /metrics at http://127.0.0.1:{port + rank}/metrics, answered by front process N>']"
+        for rank in (0, 1)]
     assert "RuntimeWarning" not in done.stderr

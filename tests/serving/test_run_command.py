@@ -16,6 +16,9 @@ from _servekit import GPUPROBE, Scrape, child_env, free_port, http_get, wait_unt
 from gpuprobe import run
 from gpuprobe._sitecustomize.sitecustomize import _AfterImport
 
+# What these tests check runs in processes of their own: a simulated CUDA in this one changes nothing.
+pytestmark = pytest.mark.subprocess_only
+
 PY = sys.executable
 
 

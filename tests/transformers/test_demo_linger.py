@@ -13,6 +13,9 @@ import urllib.request
 
 import pytest
 
+# What these tests check runs in processes of their own: a simulated CUDA in this one changes nothing.
+pytestmark = pytest.mark.subprocess_only
+
 pytest.importorskip("transformers")
 pytest.importorskip("prometheus_client")
 

@@ -1,0 +1,343 @@
+"""The front process: a small process of its own that answers /metrics scrapes, so that scrapes cost the
+program being measured nothing but one rendering per ``collect_interval``.
+
+Why: a server inside the program shares the interpreter lock with the program's generating threads. Each
+socket call of a server thread releases the lock and takes it back, and the generating thread waits for
+it: measured on the two-core development machine with a tiny model generating in a loop, 50 scrapes a
+second of an in-process server that answers from a cached body took 1.16 ms of the program's time a
+scrape (its generating thread off CPU, and the server threads' CPU), for 0.71 ms of the server's own CPU;
+answered by this process, 0.27 ms (the renderings, twice a second), and the generating thread kept 99 %
+of its time on CPU (benchmarks/RESULTS-metrics.md). No Python run in the program can avoid the
+hand-overs; a process of its own does.
+
+How: :func:`~gpuprobe.exporters.prometheus.serve` binds the port in the program (so that a port in use is
+the same clear error), then starts ``python -I -m gpuprobe.exporters._front`` with the listening socket.
+The front is the same :class:`~._http.HttpServer` (same :class:`~._http.Limits`: threads, read timeout,
+connections, rate, CPU share), in front of a second one that the program serves on a loopback port of
+its own (the *upstream*):
+
+- a scrape (GET or HEAD without a query) is answered from the front's copy of the body, fetched from
+  the upstream at most once per ``collect_interval`` for each format asked (the text format or
+  OpenMetrics) and compressed there for a scraper that asks for gzip;
+- the live page's files are answered by the front from bytes read once;
+- every other request (on-demand captures, queries) is forwarded to the upstream as it came, and its
+  answer sent back as it came.
+
+The program talks to the front over a pipe: a line ``stats`` is answered with one JSON line of the
+front's counts (:meth:`Front.stats`), and the end of the pipe (the program closed it or ended) stops the
+front. If the front cannot start or ends by itself, the program serves on the same socket in-process, as
+before, and says so once (:mod:`gpuprobe.exporters.prometheus`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import http.client
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._http import HttpServer, Limits, Rendered, response
+
+__all__ = ["Front", "available"]
+
+_READY = b"ready\n"
+_START_TIMEOUT = 10.0  # seconds for the front to say it serves (a cold interpreter on a busy machine)
+_STATS_TIMEOUT = 2.0
+_UPSTREAM_TIMEOUT = 600.0  # an on-demand capture's answer waits for its steps
+_MAX_FORWARDED_BODY = 1 << 20  # bytes of a request body the front forwards (captures send a few bytes)
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+               "transfer-encoding", "upgrade", "host", "content-length"}
+
+
+def available() -> bool:
+    """Whether this platform can hand a listening socket to another process (POSIX)."""
+    return os.name == "posix" and bool(sys.executable)
+
+
+class Front:
+    """The front process of one endpoint, seen from the program.
+
+    Args:
+        listener: the bound public socket (listening already); the front answers on it.
+        upstream_port: the loopback port of the program's own server.
+        limits: the front's bounds.
+        interval: seconds a body is reused (the ``collect_interval`` setting).
+        capture_path: the on-demand capture endpoint's path (never cached).
+
+    Raises:
+        OSError: the front could not start or did not say it serves within ``_START_TIMEOUT`` seconds
+            (it is stopped then).
+    """
+
+    def __init__(self, listener: socket.socket, upstream_port: int, limits: Limits, interval: float,
+                 capture_path: str) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        # -I: no PYTHONPATH, no user site, no current folder, so no sitecustomize of `gpuprobe run` starts
+        # gpuprobe again in the front; the folder holding this gpuprobe goes first on its path instead.
+        code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                "from gpuprobe.exporters._front import main; main(sys.argv[1:])")
+        fd = listener.fileno()
+        args = [sys.executable, "-I", "-c", code, root, "--fd", str(fd), "--upstream", str(upstream_port),
+                "--interval", repr(float(interval)), "--capture-path", capture_path,
+                "--limits", json.dumps(dataclasses.asdict(limits))]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
+        self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, pass_fds=(fd,), env=env, close_fds=True,
+                                      start_new_session=True)
+        self._lock = threading.Lock()
+        self._pending = b""
+        self._closing = False
+        self.pid = self._proc.pid
+        line = self._line(_START_TIMEOUT)
+        if line != _READY:
+            self._stop()
+            raise OSError(f"the /metrics front process did not start (it said {line!r}, "
+                          f"exit status {self._proc.poll()})")
+
+    def _line(self, timeout: float) -> bytes:
+        """The front's next line on its stdout ('' at its end or after ``timeout``)."""
+        out = self._proc.stdout
+        assert out is not None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([out], [], [], left)[0]:
+                return b""
+            chunk = os.read(out.fileno(), 4096)
+            if not chunk:
+                return b""
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line + b"\n"
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def wait_for_end(self) -> int:
+        """Block until the front ends (on a thread of its own: ``waitpid`` holds no lock)."""
+        status = self._proc.wait()
+        # A program that ignores SIGCHLD has its children reaped for it: wait() returns at once then, and
+        # whether the front still runs is for the process table to say.
+        while not self._closing and _exists(self.pid):
+            time.sleep(0.5)
+        return status
+
+    def stats(self) -> dict[str, int] | None:
+        """The front's counts (``threads``, ``answered``, ``refused``, ...), or None if it does not answer."""
+        with self._lock:
+            try:
+                assert self._proc.stdin is not None
+                self._proc.stdin.write(b"stats\n")
+                self._proc.stdin.flush()
+            except (OSError, ValueError):
+                return None
+            line = self._line(_STATS_TIMEOUT)
+        try:
+            found = json.loads(line)
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
+
+    def close(self) -> None:
+        """Stop the front and wait for it (the port is free after)."""
+        self._closing = True
+        self._stop()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def _stop(self) -> None:
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            try:
+                self._proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def forget_in_child(self) -> None:
+        """In a forked child: close the child's copies of the pipes (the parent's front serves on)."""
+        self._closing = True
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            try:
+                if pipe is not None:
+                    os.close(pipe.fileno())
+            except (OSError, ValueError):
+                pass
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:  # ended but not yet reaped
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+# -- the front process itself ------------------------------------------------------------------------
+
+class _Scrape:
+    __slots__ = ("accept", "gzip", "head")
+
+    def __init__(self, accept: str, gzipped: bool, head: bool) -> None:
+        self.accept = accept
+        self.gzip = gzipped
+        self.head = head
+
+
+def _gzip_accepted(header: str) -> bool:
+    """Whether an Accept-Encoding header accepts gzip (as prometheus_client reads it)."""
+    return any(part.split(";")[0].strip().lower() == "gzip" for part in header.split(","))
+
+
+class _Copies:
+    """The front's :class:`~._http.Site`: bodies fetched from the upstream at most once per interval."""
+
+    def __init__(self, upstream: int, interval: float, capture_path: str,
+                 page: Callable[[str, str, Mapping[str, str]], Any]) -> None:
+        self._upstream = upstream
+        self._interval = interval
+        self._capture_path = capture_path
+        self._page = page
+        self._lock = threading.Lock()
+        self._copies: dict[str, Rendered] = {}  # by Accept header
+        self.fetches = 0
+
+    def route(self, method: str, target: str, headers: Mapping[str, str]) -> Any:
+        page = self._page(method, target, headers)
+        if page is not None:
+            return page.head if method == "HEAD" else page.full
+        if method not in ("GET", "HEAD") or "?" in target or target.rstrip("/") in (self._capture_path,
+                                                                                     "/favicon.ico"):
+            return None
+        return _Scrape(headers.get("accept", ""), _gzip_accepted(headers.get("accept-encoding", "")),
+                       method == "HEAD")
+
+    def _fresh(self, copy: Rendered | None, now: float) -> bool:
+        return copy is not None and now - copy.at < self._interval
+
+    def ready(self, job: Any) -> bytes | None:
+        if isinstance(job, bytes):
+            return job
+        copy = self._copies.get(job.accept)
+        if not self._fresh(copy, time.monotonic()):
+            return None
+        return copy.responses.get((job.gzip, job.head))  # type: ignore[union-attr]
+
+    def answer(self, job: Any) -> bytes:
+        if isinstance(job, bytes):
+            return job
+        with self._lock:
+            copy = self._copies.get(job.accept)
+            now = time.monotonic()
+            if not self._fresh(copy, now):
+                status, content_type, body = self._fetch(job.accept)
+                if status != 200:
+                    return response(f"{status} {http.client.responses.get(status, 'Error')}", body,
+                                    (("Content-Type", content_type),))
+                copy = Rendered(now, content_type, body)
+                if job.accept in self._copies or len(self._copies) < 16:  # scrapers send one or two
+                    self._copies[job.accept] = copy
+            assert copy is not None
+            return copy.get(job.gzip, job.head)
+
+    def _fetch(self, accept: str) -> tuple[int, str, bytes]:
+        self.fetches += 1
+        conn = http.client.HTTPConnection("127.0.0.1", self._upstream, timeout=_UPSTREAM_TIMEOUT)
+        try:
+            conn.request("GET", "/metrics", headers={"Accept": accept, "Accept-Encoding": "identity"})
+            resp = conn.getresponse()
+            return resp.status, resp.getheader("Content-Type", "text/plain"), resp.read()
+        finally:
+            conn.close()
+
+
+def _forwarder(upstream: int) -> Callable[..., Any]:
+    """The front's WSGI application: the request to the upstream as it came, its answer back as it came."""
+    from urllib.parse import quote
+
+    def forward(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        path = quote(environ.get("PATH_INFO", "/"), safe="/;=,:@!$&'()*+~", encoding="latin-1")
+        if environ.get("QUERY_STRING"):
+            path += "?" + environ["QUERY_STRING"]
+        headers = {key[5:].replace("_", "-").title(): value for key, value in environ.items()
+                   if key.startswith("HTTP_") and key[5:].replace("_", "-").lower() not in _HOP_BY_HOP}
+        if environ.get("CONTENT_TYPE"):
+            headers["Content-Type"] = environ["CONTENT_TYPE"]
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= _MAX_FORWARDED_BODY:
+            start_response("413 Content Too Large", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"gpuprobe: the request body is too large\n"]
+        body = environ["wsgi.input"].read(length) if length else None
+        conn = http.client.HTTPConnection("127.0.0.1", upstream, timeout=_UPSTREAM_TIMEOUT)
+        try:
+            conn.request(environ.get("REQUEST_METHOD", "GET"), path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            kept = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP]
+            start_response(f"{resp.status} {resp.reason}", [*kept, ("Content-Length", str(len(data)))])
+            return [data]
+        except (OSError, http.client.HTTPException):
+            start_response("502 Bad Gateway", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"gpuprobe: the program did not answer\n"]
+        finally:
+            conn.close()
+
+    return forward
+
+
+def main(argv: list[str]) -> None:
+    """The front: serve until stdin ends (run by :class:`Front`, not by hand)."""
+    parser = argparse.ArgumentParser(prog="gpuprobe-metrics-front")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--upstream", type=int, required=True)
+    parser.add_argument("--interval", type=float, required=True)
+    parser.add_argument("--capture-path", required=True)
+    parser.add_argument("--limits", required=True)
+    args = parser.parse_args(argv)
+    from . import _page
+
+    listener = socket.socket(fileno=args.fd)
+    copies = _Copies(args.upstream, args.interval, args.capture_path, _page.route)
+    errors: list[BaseException] = []
+    server = HttpServer(listener, copies, _forwarder(args.upstream), Limits(**json.loads(args.limits)),
+                        lambda exc: errors.append(exc) if len(errors) < 100 else None)
+    out = sys.stdout.buffer
+    out.write(_READY)
+    out.flush()
+    for line in sys.stdin.buffer:  # until the program closes the pipe or ends
+        if line.strip() == b"stats":
+            out.write(json.dumps({"threads": server.threads(), "fetches": copies.fetches,
+                                  "errors": len(errors), **server.counts}).encode() + b"\n")
+            out.flush()
+    server.close()
+
+
+if __name__ == "__main__":  # pragma: no cover - started by Front
+    main(sys.argv[1:])
