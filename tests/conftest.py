@@ -136,7 +136,20 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return f"gpuprobe: simulated GPU machine ({_machine_sim.devices} simulated CUDA device(s), --simulate-gpu)"
 
 
+# The test files that take a minute or more (seconds of CPU in the whole suite on the 2-core machine),
+# run first: the parts of scripts/test give files to two worker processes in this order (pytest-xdist,
+# --dist loadfile --no-loadscope-reorder), and a long file taken last would leave one worker running it
+# alone at the end.
+_SLOW_FILES = ("tests/test_docs.py", "tests/report/test_findings_recorded.py", "tests/page/test_live_page.py",
+               "tests/report/test_executors.py", "tests/monitoring/test_prometheus_server.py",
+               "tests/report/test_ranks.py", "tests/serving/test_serve_continuous.py",
+               "tests/serving/test_run_command.py", "tests/test_gpu_check.py", "tests/transformers/test_nvtx.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.has_plugin("randomly"):  # a random order stays random
+        first = {name: i for i, name in enumerate(_SLOW_FILES)}
+        items.sort(key=lambda item: first.get(item.nodeid.split("::", 1)[0], len(first)))  # the rest as collected
     # Tests marked cuda need a real device, and torch's real CUDA: under --simulate-gpu the simulation
     # stands in for it. Tests marked no_cuda are about a process without CUDA: a simulated machine counts.
     real_cuda = config.stash.get(_real_cuda_key, 0) > 0

@@ -50,11 +50,13 @@ LIMIT_RATIO = 1.2  # report CPU over the bare scan's
 LIMIT_GROWTH = 2.1  # the 2 GB wall time over the 1 GB one (linear, with room for the fixed start-up)
 CHILD = (
     "import resource, sys; from gpuprobe.report.cli import main_report; "
-    "rc = main_report([sys.argv[1], '--format', 'json', '--output', sys.argv[2], '--no-progress']); "
-    "u = resource.getrusage(resource.RUSAGE_SELF); "
-    # VmHWM: this process's own peak (ru_maxrss keeps the parent's at exec: a large parent showed as 536 MB)
+    "rc = main_report([sys.argv[1], '--format', 'json', '--output', sys.argv[2], '--no-progress', *sys.argv[3:]]); "
+    "u = resource.getrusage(resource.RUSAGE_SELF); c = resource.getrusage(resource.RUSAGE_CHILDREN); "
+    # VmHWM: this process's own peak (ru_maxrss keeps the parent's at exec: a large parent showed as 536 MB);
+    # the children's: the second process that reads the tail of a split trace (started small, from here)
     "hwm = [int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')] or [u.ru_maxrss]; "
-    "print('peak_kib', hwm[0], 'cpu_s', u.ru_utime + u.ru_stime); sys.exit(rc)"
+    "print('peak_kib', hwm[0], 'child_peak_kib', c.ru_maxrss, "
+    "'cpu_s', u.ru_utime + u.ru_stime + c.ru_utime + c.ru_stime); sys.exit(rc)"
 )
 # The floor a streaming report is measured against: a bare scan of the same file's events with ijson's
 # C backend (every element of traceEvents built as Python objects, nothing done with them).
@@ -96,7 +98,7 @@ def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     return wall, proc.stdout
 
 
-def measure(path: Path, repeat: int, env: dict[str, str]) -> dict[str, object]:
+def measure(path: Path, repeat: int, env: dict[str, str], jobs: int | None = None) -> dict[str, object]:
     """Report and scan ``path`` ``repeat`` times, alternating; medians and the report's spread."""
     out_json = Path(tempfile.gettempdir()) / "gpuprobe-synthetic-report.json"
     report: list[tuple[float, float, float]] = []  # wall, cpu, peak MB
@@ -105,8 +107,11 @@ def measure(path: Path, repeat: int, env: dict[str, str]) -> dict[str, object]:
         order = ("report", "scan") if i % 2 == 0 else ("scan", "report")
         for what in order:
             if what == "report":
-                wall, stdout = run_child([sys.executable, "-c", CHILD, str(path), str(out_json)], env)
-                report.append((wall, _field(stdout, "cpu_s"), _field(stdout, "peak_kib") / 1024))
+                wall, stdout = run_child([sys.executable, "-c", CHILD, str(path), str(out_json),
+                                          *(["--jobs", str(jobs)] if jobs else [])], env)
+                # both processes' peaks added: they run at once (an upper bound of the two together)
+                report.append((wall, _field(stdout, "cpu_s"),
+                               (_field(stdout, "peak_kib") + _field(stdout, "child_peak_kib")) / 1024))
             else:
                 wall, stdout = run_child([sys.executable, "-c", SCAN, str(path)], env)
                 scan.append((wall, _field(stdout, "cpu_s")))
@@ -186,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hta-timeout", type=float, default=900.0)
     parser.add_argument("--keep", action="store_true", help="keep the traces for the next run")
     parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="the report's --jobs (default: not given, the report's own default: the CPU count)")
     args = parser.parse_args(argv)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     rows = []
@@ -197,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = [plain] + ([plain.with_name(plain.name + ".gz")] if args.gzip else [])
         for path in paths:
             ensure_trace(path, size_gb, shape)
-            m = measure(path, max(1, args.repeat), env)
+            m = measure(path, max(1, args.repeat), env, args.jobs)
             hta = measure_hta(path, args.hta_memory_gb, args.hta_timeout) if args.hta and path is plain else "–"
             walls[(shape, path.name.endswith(".gz"), size_gb)] = float(m["wall"])  # type: ignore[arg-type]
             ok = (float(m["peak_mb"]) < LIMIT_MB and (size_gb < 2 or float(m["wall"]) <= LIMIT_S)
@@ -225,14 +232,16 @@ def main(argv: list[str] | None = None) -> int:
                           f"{size_gb / 2:g} GB ({'ok' if fine else 'EXCEEDED'}: {LIMIT_GROWTH}x or less)")
     sizes = " ".join(f"{x:g}" for x in args.size_gb)
     flags = ((" --gzip" if args.gzip else "") + (" --hta" if args.hta else "") + f" --repeat {args.repeat}"
-             + "".join(f" --shape {x}" for x in args.shape or ()))
+             + "".join(f" --shape {x}" for x in args.shape or ()) + (f" --jobs {args.jobs}" if args.jobs else ""))
     lines = [
         "## Large traces (synthetic and real-shaped kineto, streaming)",
         "",
         f"{datetime.date.today()}, {machine()}; `python benchmarks/report/bench_large.py --size-gb {sizes}{flags}`",
         "",
         "Each report runs in its own child process (`gpuprobe report --format json`, every section, the default "
-        "engine), which reports its CPU time and peak RSS (`getrusage(RUSAGE_SELF)`). Shapes: synthetic "
+        "engine, `--jobs` as given, else the report's default: the CPU count, so that a plain trace of 256 MB or more "
+        "is read by two processes at once), which reports its CPU time and peak RSS with those of the second process "
+        "(`getrusage`, self and children; the peaks added). Shapes: synthetic "
         "(`make_synthetic_trace.py`) and real (`make_real_shaped_trace.py`: the real traces of tests/data/kineto "
         "listed there, replicated with shifted times and ids). Events used: kernels, copies, "
         "sets, runtime calls, CPU operators and ranges (flow and metadata events are read and dropped). Per event: "

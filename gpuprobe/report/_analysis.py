@@ -21,6 +21,8 @@ from gpuprobe.report._context import BACKENDS, DEFAULT_STEP_PATTERN, PROFILER_ST
 from gpuprobe.report._diagnosis import gather
 from gpuprobe.report._events import TraceInfo
 from gpuprobe.report._findings import evaluate, parse_thresholds
+from gpuprobe.report._split import feed as split_feed
+from gpuprobe.report._split import usable_cpus
 from gpuprobe.report._scan import TraceScan
 from gpuprobe.report.loaders import Trace, load
 from gpuprobe.report.schema import Report
@@ -42,6 +44,7 @@ def analyze(
     backend: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     thresholds: Mapping[str, float] | Sequence[str] | None = None,
+    jobs: int | None = None,
 ) -> Report:
     """Read a trace in one streaming pass and compute the report sections.
 
@@ -58,6 +61,9 @@ def analyze(
         progress: Called with ``(done, total)`` bytes (rows for nsys) while reading.
         thresholds: Overrides of finding thresholds, ``{"host_sync.per_step": 2}`` or
             ``["host_sync.per_step=2"]`` (names: ``gpuprobe.report._findings.THRESHOLDS``).
+        jobs: Processes that may read the trace at once: with 2 or more, a plain kineto JSON trace of
+            256 MB or more is read by two (its head here, its tail in a second process; the same report).
+            Default: the CPUs this process may use.
 
     Returns:
         The :class:`Report`.
@@ -91,7 +97,9 @@ def analyze(
         # three times the rows shown: the timeline lists a call once, leaving out the events nested in it
         keep_longest=min(3 * top, 30_000) if wants_timeline else 1,
     )
-    trace.feed(scan, progress)
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ConfigError(f"jobs must be a whole number of at least 1, not {jobs!r}")
+    split_feed(trace, scan, progress, processes=jobs if jobs is not None else usable_cpus())
     options = Options(
         top=top,
         step_pattern=step_pattern,

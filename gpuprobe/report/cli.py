@@ -159,7 +159,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="several ranks: read at most N traces at once, one process each (default: the CPU count)",
+        help="several ranks: read at most N traces at once, one process each; one plain JSON trace of 256 MB "
+        "or more: read by two processes at once when N is 2 or more (default: the CPU count)",
     )
     parser.add_argument("--executor", metavar="WHERE", default=None, help=EXECUTOR_HELP)
     parser.add_argument(
@@ -337,6 +338,7 @@ def main_report(argv: list[str]) -> int:
                 engine=args.engine,
                 progress=progress,
                 thresholds=[t for t in args.threshold if not t.startswith("ncu.")],
+                jobs=args.jobs,
             )
         finally:
             if progress is not None:

@@ -181,9 +181,9 @@ def _process(name: str, cmd: list[str], ready: str, timeout: float = 240) -> Ite
 @pytest.mark.subprocess_only  # the page watches a process of its own
 def test_the_demos_page_shows_what_metrics_holds_while_it_runs_and_after(tmp_path: Any) -> None:
     port = free_port()
-    # 150 requests generate for about 30 s on a quiet machine: long enough for a sliding window to pass its
+    # 100 requests generate for about 20 s on a quiet machine: long enough for a sliding window to pass its
     # first scrape while tokens still flow, even where a busy machine slows the browser more than the demo.
-    cmd = [sys.executable, "-m", "gpuprobe", "demo", "--port", str(port), "--requests", "150",
+    cmd = [sys.executable, "-m", "gpuprobe", "demo", "--port", str(port), "--requests", "100",
            "--max-new-tokens", "24", "--linger", "600", "--plot", ""]
     with browser() as b, _process("demo", cmd, r"live page at (http://127\.0\.0\.1:\d+)/ ") as (demo, origin):
         assert origin == f"http://127.0.0.1:{port}"
