@@ -142,6 +142,7 @@ print(json.dumps({{
 """
 
 
+@pytest.mark.subprocess_only  # opentelemetry-instrument runs the program in a process of its own
 def test_opentelemetry_instrument_finds_gpuprobe_through_its_entry_point(tmp_path: Path):
     command = Path(sys.executable).parent / "opentelemetry-instrument"
     if not command.exists():

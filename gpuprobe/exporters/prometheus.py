@@ -347,6 +347,11 @@ class _Endpoint:
         front = self.front
         assert front is not None
         status = front.wait_for_end()
+        if front.closing or self.front is not front:
+            return
+        # Said before the program takes the port over, so that whoever finds it answered in-process was told.
+        self._rt.warn_once("metrics-front", f"gpuprobe: the /metrics front process ended (exit status {status}); "
+                                            "the program answers scrapes itself from now on")
         with _lock:
             if front.closing or self.front is not front:
                 return
@@ -357,8 +362,6 @@ class _Endpoint:
             internal, self.server = self.server, make(listener)
         front.close()  # its pipes (it has ended)
         internal.close()
-        self._rt.warn_once("metrics-front", f"gpuprobe: the /metrics front process ended (exit status {status}); "
-                                            "the program answers scrapes itself from now on")
 
     def release(self) -> None:
         with _lock:

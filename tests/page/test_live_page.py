@@ -229,7 +229,9 @@ def test_the_page_follows_continuous_batching_speculative_decoding_and_failures(
             t = s["tables"]
             return bool(s["base"] and {"serving", "queue", "speculative"} <= set(t)
                         and any(k.startswith("failed ") for k in t.get("requests", {}))
-                        and t["speculative"].get("draft_model", {}).get("value"))
+                        and t["speculative"].get("draft_model", {}).get("value")
+                        # the drafts of a call are counted before their verification: wait for one verified
+                        and float(t["speculative"]["draft_model"].get("run") or 0) > 0)
 
         state = page.until("continuous batching, speculative decoding and a failed call in the window", everything,
                            240, (work,))

@@ -15,7 +15,8 @@ pytest.importorskip("accelerate")
 
 from _servekit import Scrape, Served, concurrent_chats, start_served, wait_until  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# The server runs in a process of its own (gpuprobe run -- transformers serve), which --simulate-gpu does not reach.
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess_only]
 
 MODEL = {"gen_ai_request_model": "tiny"}
 REQUESTS = 6

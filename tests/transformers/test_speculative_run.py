@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from _hfkit import ROOT, Scrape
 
 APP = """
@@ -41,6 +42,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.subprocess_only  # the program runs under gpuprobe run, in a process of its own
 def test_gpuprobe_run_exports_the_speculative_metrics(tmp_path: Path) -> None:
     app = tmp_path / "app.py"
     app.write_text(textwrap.dedent(APP))
