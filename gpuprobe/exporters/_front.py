@@ -11,7 +11,8 @@ of its time on CPU (benchmarks/RESULTS-metrics.md). No Python run in the program
 hand-overs; a process of its own does.
 
 How: :func:`~gpuprobe.exporters.prometheus.serve` binds the port in the program (so that a port in use is
-the same clear error), then starts ``python -I -m gpuprobe.exporters._front`` with the listening socket.
+the same clear error), then starts ``python -I`` on :func:`main` of this module (the folder holding this
+gpuprobe first on its path) with the listening socket.
 The front is the same :class:`~._http.HttpServer` (same :class:`~._http.Limits`: threads, read timeout,
 connections, rate, CPU share), in front of a second one that the program serves on a loopback port of
 its own (the *upstream*):

@@ -282,8 +282,11 @@ class _Scanner:
                 raise _too_deep() from None
             if end - self.pos > MAX_VALUE_CHARS:  # whole after the last (doubling) read: refused all the same
                 raise _too_long(self.dropped + self.pos)
-            if end == len(buf) and self.more():
-                continue  # a number cut at the buffer end would decode as a shorter number
+            if (end == len(buf) or (len(buf) - end <= 2 and (type(value) is int or type(value) is FloatText)
+                                    and not buf[end:].strip(".eE+-"))) and self.more():
+                # a number cut at the buffer end would decode as a shorter number: "12" of "123", and "0" of
+                # "0." or "1" of "1e" (the decoder stops before a dot or an exponent with no digit after it)
+                continue
             self.pos = end
             return value
 

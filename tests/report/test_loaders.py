@@ -439,3 +439,15 @@ def test_each_format_is_a_reader_of_the_same_events_and_a_new_one_is_a_class_and
     assert report.summary.kernel_count == 2 and report.summary.kernel_ns == 18_304 + 9_120
     assert {r.category: r.total_ns for r in report.categories.rows} == {"gemm": 18_304, "elementwise": 9_120}
     assert load(kineto_min).format == "kineto-json"  # the formats after it read as before
+
+
+@pytest.mark.parametrize("chunk", range(1, 13))
+def test_a_number_cut_by_the_buffer_at_a_dot_or_an_exponent_is_read_whole(chunk: int) -> None:
+    # The decoder reads "0" of "0." and "1" of "1e" when the buffer ends there: more text is read first.
+    after = {'[[[[[[""': 0.0, "a": 1e5, "b": -2.5e-3, "c": 12345, "d": 1.5e7, "e": [0.25, 10]}
+    text = json.dumps({"traceEvents": [{"ph": "X", "ts": 1.5}, 0.5, 1e3], **after})
+    whole = json.loads(text, parse_float=FloatText)
+    meta: dict[str, Any] = {}
+    events = list(iter_raw_text(io.StringIO(text), meta, chunk=chunk))
+    assert events == whole["traceEvents"]
+    assert {k: v for k, v in meta.items() if k != "traceEvents"} == {k: v for k, v in whole.items() if k != "traceEvents"}
