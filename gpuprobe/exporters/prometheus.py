@@ -42,7 +42,7 @@ from ..errors import ConfigError, missing
 from ..runtime import Runtime
 from ..runtime import runtime as _runtime
 from . import _front, _page
-from ._http import HttpServer, Limits, Rendered
+from ._http import HttpServer, Limits, Rendered, _close
 
 try:
     from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -376,10 +376,7 @@ class _Endpoint:
                 self._watcher.join(2.0)
         self.server.close()
         if self._listener is not None:
-            try:
-                self._listener.close()
-            except OSError:
-                pass
+            _close(self._listener)
 
     def forget_in_child(self) -> None:
         """In a forked child: none of the endpoint's threads runs here; close what the child inherited."""
@@ -387,10 +384,7 @@ class _Endpoint:
             self.front.forget_in_child()
         self.server.forget_in_child()
         if self._listener is not None:
-            try:
-                self._listener.close()
-            except OSError:
-                pass
+            _close(self._listener)
 
 
 class Server:
