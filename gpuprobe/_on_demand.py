@@ -35,12 +35,16 @@ from .errors import ConfigError, GpuprobeError
 from .runtime import DISABLED_AT_IMPORT, Runtime
 
 __all__ = ["OnDemand", "CaptureBusy", "on_demand", "respond", "wrap_wsgi", "SignalTrigger", "SlowSteps",
-           "start_from_settings", "status", "PATH", "RECENT_STEPS"]
+           "start_from_settings", "status", "PATH", "HEADER", "RECENT_STEPS"]
 
 _log = logging.getLogger("gpuprobe")
 
 PATH = "/gpuprobe/profile"
 """Where the /metrics server takes capture requests."""
+
+HEADER = "X-Gpuprobe-Capture"
+"""The header a capture request must carry (any value): a page of another site cannot send it without
+asking the server first (a CORS preflight), which the server never grants."""
 
 RECENT_STEPS = 1000
 """How many recent decode steps a percentile threshold (``profile_slow_step=p99``) is computed over."""
@@ -68,6 +72,7 @@ class OnDemand:
         self.signal: SignalTrigger | None = None
         self.slow: SlowSteps | None = None
         self.quiet_until = -1  # steps up to this index are distorted by a capture (slow-step trigger)
+        self.written: deque[str] = deque()  # traces this process's captures wrote, oldest first (profile_keep)
 
     def start(self, steps: int, reason: str, *, at: int | None = None) -> Any:
         """Capture the next ``steps`` steps; returns the :class:`~gpuprobe.profiling.ProfileWindow`.
@@ -116,6 +121,30 @@ class OnDemand:
             self.quiet_until = max(self.quiet_until, last + 2)
         _say(f"capturing steps {first}-{last} ({_REASON_WORDS.get(reason, reason)}) to {path}")
         return window
+
+    def replaced(self) -> str | None:
+        """The trace the next capture's removes once it is written (``profile_keep``), or None."""
+        keep = self._rt.settings.profile_keep
+        with self._lock:
+            return self.written[0] if keep and len(self.written) >= keep else None
+
+    def wrote(self, path: str) -> None:
+        """A capture's trace is written: keep at most ``profile_keep`` of them, removing the oldest."""
+        keep = self._rt.settings.profile_keep
+        with self._lock:
+            if path in self.written:
+                self.written.remove(path)  # the same name written again (a restarted step count)
+            self.written.append(path)
+            removed = [self.written.popleft() for _ in range(len(self.written) - keep)] if keep else []
+        for old in removed:
+            try:
+                os.remove(old)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                _say(f"could not remove the oldest capture {old} (GPUPROBE_PROFILE_KEEP={keep}): {exc.strerror}")
+                continue
+            _say(f"removed the oldest capture {old}: GPUPROBE_PROFILE_KEEP={keep} keeps the last {keep}")
 
     def captures(self) -> list[dict[str, Any]]:
         """The last captures, oldest first: reason, steps, trace path, state."""
@@ -181,6 +210,8 @@ class _CaptureCost:
             return
         where = window.path if window.path is not None else window.output
         _say(f"capture of steps {window.first}-{window.last} written to {where}")
+        if where is not None:
+            on_demand(self._rt).wrote(os.path.abspath(str(where)))
         if self._at_start is None:
             return
         (seconds_before, steps_before), (seconds_start, steps_start) = self._before, self._at_start
@@ -261,7 +292,8 @@ def _is_loopback(addr: str) -> bool:
         return False
 
 
-def respond(rt: Runtime, method: str, query: str, *, loopback: bool) -> tuple[int, dict[str, Any], list[tuple[str, str]]]:
+def respond(rt: Runtime, method: str, query: str, *, loopback: bool, confirmed: bool = False,
+            ) -> tuple[int, dict[str, Any], list[tuple[str, str]]]:
     """Answer one request to :data:`PATH`: ``(status, JSON body, extra headers)``.
 
     Args:
@@ -269,6 +301,7 @@ def respond(rt: Runtime, method: str, query: str, *, loopback: bool) -> tuple[in
         method: the HTTP method (only POST captures).
         query: the query string (``steps=N``; N defaults to ``profile_on_demand_steps``).
         loopback: whether the server binds a loopback address (``profile_endpoint=auto`` answers only then).
+        confirmed: whether the request carries :data:`HEADER` (a capture needs it: 403 without).
     """
     from urllib.parse import parse_qs
 
@@ -281,6 +314,9 @@ def respond(rt: Runtime, method: str, query: str, *, loopback: bool) -> tuple[in
     if method != "POST":
         return 405, {"error": f"{method} is not allowed: POST {PATH}?steps=N captures the next N steps"}, [
             ("Allow", "POST")]
+    if not confirmed:
+        return 403, {"error": f"a capture request needs the header {HEADER} (any value), which a web page of another "
+                              f"site cannot send: curl -X POST -H '{HEADER}: 1' 'http://HOST:PORT{PATH}?steps=N'"}, []
     try:
         params = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError:
@@ -313,11 +349,14 @@ def respond(rt: Runtime, method: str, query: str, *, loopback: bool) -> tuple[in
     except GpuprobeError as exc:
         return 503, {"error": str(exc)}, []
     return 202, {"path": window.output, "first_step": window.first, "last_step": window.last, "steps": steps,
-                 "reason": "request"}, []
+                 "reason": "request", "keep": rt.settings.profile_keep, "removes": capture.replaced()}, []
 
 
-_REASONS = {202: "Accepted", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
-            503: "Service Unavailable"}
+_REASONS = {202: "Accepted", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+            409: "Conflict", 503: "Service Unavailable"}
+
+
+_ENVIRON_HEADER = "HTTP_" + HEADER.upper().replace("-", "_")
 
 
 def wrap_wsgi(app: Callable[..., Any], rt: Runtime, addr: str) -> Callable[..., Any]:
@@ -329,7 +368,7 @@ def wrap_wsgi(app: Callable[..., Any], rt: Runtime, addr: str) -> Callable[..., 
         if environ.get("PATH_INFO", "").rstrip("/") != PATH:
             return app(environ, start_response)
         status, body, headers = respond(rt, environ.get("REQUEST_METHOD", "GET"), environ.get("QUERY_STRING", ""),
-                                        loopback=loopback)
+                                        loopback=loopback, confirmed=_ENVIRON_HEADER in environ)
         data = json.dumps(body).encode()
         start_response(f"{status} {_REASONS[status]}", [("Content-Type", "application/json"),
                                                         ("Content-Length", str(len(data))), *headers])

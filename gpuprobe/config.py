@@ -110,6 +110,24 @@ def _nonempty(name: str, raw: Any) -> str:
     return text
 
 
+_HOST = re.compile(r"^(\*|\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_]([A-Za-z0-9_.:-]{0,252}))$")
+
+
+def _hosts(name: str, raw: Any) -> str:
+    """Host names or addresses, comma-separated (``*``: every host), as one normalized string."""
+    if isinstance(raw, (list, tuple)):
+        raw = ",".join(map(str, raw))
+    if not isinstance(raw, str):
+        raise ConfigError(f"{name} must be host names separated by commas (such as 'metrics.internal,10.0.0.5'), "
+                          f"got {raw!r}")
+    names = [part.strip().lower() for part in raw.split(",") if part.strip()]
+    bad = [n for n in names if not _HOST.match(n)]
+    if bad:
+        shown = repr(bad[0]) if len(bad[0]) <= 80 else repr(bad[0][:77] + "...")
+        raise ConfigError(f"{name} must be host names or addresses separated by commas, or *; {shown} is not one")
+    return ",".join(dict.fromkeys(names))
+
+
 def _path(name: str, raw: Any) -> str:
     """A file or folder path: a ``str`` or ``os.PathLike[str]``, not blank (never ``str()`` of anything else,
     which would name a file ``<object object at ...>``)."""
@@ -316,6 +334,11 @@ class Config:
         optional=True)
     prometheus_addr: str = _setting("GPUPROBE_PROMETHEUS_ADDR", _nonempty, "127.0.0.1",
                                     "address the /metrics server binds")
+    allowed_hosts: str | None = _setting(
+        "GPUPROBE_ALLOWED_HOSTS", _hosts, None,
+        "more names the /metrics port answers for in a request's `Host` (comma-separated; `*`: any), besides "
+        "localhost, loopback addresses, the bound address and, off loopback, the machine's name (docs/capture.md)",
+        optional=True)
     port_by_local_rank: bool = _setting("GPUPROBE_PORT_BY_LOCAL_RANK", _bool, True,
                                         "add LOCAL_RANK to the Prometheus port (one port per local rank)")
     otlp_endpoint: str | None = _setting("GPUPROBE_OTLP_ENDPOINT", _url, None,
@@ -370,6 +393,10 @@ class Config:
     profile_name: str = _setting(
         "GPUPROBE_PROFILE_NAME", _trace_name, "gpuprobe-steps-{first}-{last}-rank{rank}.json.gz",
         "file name of an on-demand trace (.json or .json.gz); fields {first} {last} {rank} {pid} {reason}")
+    profile_keep: int = _setting(
+        "GPUPROBE_PROFILE_KEEP", _int(0), 20,
+        "on-demand traces of this process kept in `profile_dir`: past it, writing a new one removes the oldest "
+        "(0: keep every one)")
     profile_slow_step: str | None = _setting(
         "GPUPROBE_PROFILE_SLOW_STEP", _slow_step, None,
         "capture the next `profile_slow_step_steps` steps when a decode step takes longer than this: a "

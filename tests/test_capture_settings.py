@@ -71,7 +71,7 @@ def test_a_bad_trace_name_is_refused(raw, problem):
 def test_auto_answers_only_on_a_loopback_address():
     reset(profile_signal="off")
     rt = runtime()
-    status, body, _ = respond(rt, "POST", "steps=2", loopback=False)
+    status, body, _ = respond(rt, "POST", "steps=2", loopback=False, confirmed=True)
     assert status == 404
     assert "non-loopback" in body["error"] and "GPUPROBE_PROFILE_ENDPOINT=on" in body["error"]
     reset(profile_signal="off", profile_endpoint="on")
@@ -86,7 +86,8 @@ def test_a_capture_is_refused_while_probes_are_disabled():
     try:
         url = server.url.replace("/metrics", "/gpuprobe/profile?steps=2")
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=10)
+            urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST",
+                                                          headers={"X-Gpuprobe-Capture": "1"}), timeout=10)
     finally:
         gpuprobe.enable()
         server.close()

@@ -223,22 +223,31 @@ def test_malformed_and_oversized_requests_are_answered_400_and_431(serve) -> Non
 def test_the_capture_endpoint_still_answers_post_with_and_without_a_body(serve, tmp_path) -> None:
     reset(profile_dir=str(tmp_path))
     server = serve()
-    status, headers, body = get(server, "/gpuprobe/profile?steps=2", method="POST")
+    capture = {"X-Gpuprobe-Capture": "1"}
+    status, headers, body = get(server, "/gpuprobe/profile?steps=2", method="POST", headers=capture)
     assert status == 202 and headers["content-type"] == "application/json"
     answer = json.loads(body)
     assert answer["steps"] == 2 and answer["reason"] == "request"
-    status, _, body = get(server, "/gpuprobe/profile?steps=2", method="POST", body=b"x" * 5000)
+    status, _, body = get(server, "/gpuprobe/profile?steps=2", method="POST", body=b"x" * 5000, headers=capture)
     assert status == 409 and "error" in json.loads(body)  # the first capture still waits for its steps
     status, headers, _ = get(server, "/gpuprobe/profile")
     assert status == 405 and headers["allow"] == "POST"
 
 
-def test_a_request_with_a_query_is_answered_by_prometheus_client_s_own_application(serve) -> None:
+def test_a_query_of_some_series_is_answered_by_prometheus_client_s_own_application(serve) -> None:
     server = serve()
-    status, headers, body = get(server, "/metrics?format=anything")
+    status, headers, body = get(server, "/metrics?name[]=gpuprobe_build_info")
     assert status == 200 and headers["server"].startswith("WSGIServer/")  # wsgiref's handler answered
-    assert b"gpuprobe_build_info{" in body
+    assert b"gpuprobe_build_info{" in body and b"gpuprobe_step_duration" not in body  # that series alone
     assert server.stats()["renders"] == 0  # rendered for that request alone, not cached
+
+
+def test_a_query_that_does_not_change_the_body_is_answered_from_the_cached_one(serve) -> None:
+    reset(collect_interval=60.0)
+    server = serve()
+    bodies = {get(server, f"/metrics?cache-buster={i}&format=x")[2] for i in range(20)}
+    assert len(bodies) == 1 and b"gpuprobe_build_info{" in bodies.pop()
+    assert server.stats()["renders"] == 1  # twenty queries, one rendering
 
 
 def test_closing_frees_the_port_and_stops_every_thread(serve) -> None:

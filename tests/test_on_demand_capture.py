@@ -80,7 +80,8 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> 
 def request(server: Any, query: str = "", method: str = "POST") -> tuple[int, dict[str, str], dict[str, Any]]:
     """(status, headers, JSON body) of a real HTTP request to the profile endpoint."""
     url = server.url.replace("/metrics", "/gpuprobe/profile") + (f"?{query}" if query else "")
-    req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
+    req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method,
+                                 headers={"X-Gpuprobe-Capture": "1"})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, dict(resp.headers), json.loads(resp.read())

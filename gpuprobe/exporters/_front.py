@@ -17,12 +17,16 @@ The front is the same :class:`~._http.HttpServer` (same :class:`~._http.Limits`:
 connections, rate, CPU share), in front of a second one that the program serves on a loopback port of
 its own (the *upstream*):
 
-- a scrape (GET or HEAD without a query) is answered from the front's copy of the body, fetched from
+- a scrape (:func:`~._http.is_scrape`: GET or HEAD, no query that changes the body) is answered from
+  the front's copy of the body, fetched from
   the upstream at most once per ``collect_interval`` for each format asked (the text format or
   OpenMetrics) and compressed there for a scraper that asks for gzip;
 - the live page's files are answered by the front from bytes read once;
-- every other request (on-demand captures, queries) is forwarded to the upstream as it came, and its
-  answer sent back as it came.
+- every other request (on-demand captures, queries of some series) is forwarded to the upstream as it
+  came, its ``Host`` included, and its answer sent back as it came, at most
+  :attr:`~._http.Limits.cpu_share` of the time (:class:`_Pace`: the time the program takes to answer
+  them, over time); past it, ``503`` with ``Retry-After``, so that a flood of them costs the program
+  no more than the same flood would cost a server in the program.
 
 The program talks to the front over a pipe: a line ``stats`` is answered with one JSON line of the
 front's counts (:meth:`Front.stats`), and the end of the pipe (the program closed it or ended) stops the
@@ -36,6 +40,7 @@ import argparse
 import dataclasses
 import http.client
 import json
+import math
 import os
 import select
 import socket
@@ -46,7 +51,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._http import HttpServer, Limits, Rendered, response
+from ._http import Access, HttpServer, Limits, Rendered, is_scrape, response
 
 __all__ = ["Front", "available"]
 
@@ -55,8 +60,9 @@ _START_TIMEOUT = 10.0  # seconds for the front to say it serves (a cold interpre
 _STATS_TIMEOUT = 2.0
 _UPSTREAM_TIMEOUT = 600.0  # an on-demand capture's answer waits for its steps
 _MAX_FORWARDED_BODY = 1 << 20  # bytes of a request body the front forwards (captures send a few bytes)
+# Not forwarded. Host is: the program's server checks it as the front did (the endpoint's access).
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-               "transfer-encoding", "upgrade", "host", "content-length"}
+               "transfer-encoding", "upgrade", "content-length"}
 
 
 def available() -> bool:
@@ -73,6 +79,7 @@ class Front:
         limits: the front's bounds.
         interval: seconds a body is reused (the ``collect_interval`` setting).
         capture_path: the on-demand capture endpoint's path (never cached).
+        access: whom the front answers (the endpoint's :class:`~._http.Access`).
 
     Raises:
         OSError: the front could not start or did not say it serves within ``_START_TIMEOUT`` seconds
@@ -80,7 +87,7 @@ class Front:
     """
 
     def __init__(self, listener: socket.socket, upstream_port: int, limits: Limits, interval: float,
-                 capture_path: str) -> None:
+                 capture_path: str, access: Access | None = None) -> None:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         # -I: no PYTHONPATH, no user site, no current folder, so no sitecustomize of `gpuprobe run` starts
         # gpuprobe again in the front; the folder holding this gpuprobe goes first on its path instead.
@@ -90,6 +97,9 @@ class Front:
         args = [sys.executable, "-I", "-c", code, root, "--fd", str(fd), "--upstream", str(upstream_port),
                 "--interval", repr(float(interval)), "--capture-path", capture_path,
                 "--limits", json.dumps(dataclasses.asdict(limits))]
+        if access is not None:
+            args += ["--access", json.dumps({"hosts": sorted(access.hosts), "any_address": access.any_address,
+                                             "any_host": access.any_host})]
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
         self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, pass_fds=(fd,), env=env, close_fds=True,
@@ -98,6 +108,7 @@ class Front:
         self._pending = b""
         self._closing = False
         self.pid = self._proc.pid
+        self._parent = os.getpid()  # only this process stops the front: never a forked child
         line = self._line(_START_TIMEOUT)
         if line != _READY:
             self._stop()
@@ -158,6 +169,9 @@ class Front:
         return self._closing
 
     def _stop(self) -> None:
+        if os.getpid() != self._parent:  # a forked child's copy: the front is the parent's
+            self.forget_in_child()
+            return
         for pipe in (self._proc.stdin, self._proc.stdout):
             try:
                 if pipe is not None:
@@ -231,8 +245,7 @@ class _Copies:
         page = self._page(method, target, headers)
         if page is not None:
             return page.head if method == "HEAD" else page.full
-        if method not in ("GET", "HEAD") or "?" in target or target.rstrip("/") in (self._capture_path,
-                                                                                     "/favicon.ico"):
+        if not is_scrape(method, target, self._capture_path):
             return None
         return _Scrape(headers.get("accept", ""), _gzip_accepted(headers.get("accept-encoding", "")),
                        method == "HEAD")
@@ -276,11 +289,47 @@ class _Copies:
             conn.close()
 
 
-def _forwarder(upstream: int) -> Callable[..., Any]:
-    """The front's WSGI application: the request to the upstream as it came, its answer back as it came."""
+class _Pace:
+    """What the program may spend answering forwarded requests: the wall time each took, at most ``share``
+    of the time (a credit that grows at ``share`` a second, up to ``burst`` seconds, and shrinks by each
+    request's time). Wall time is an upper bound of the program's CPU for them, so the program's time stays
+    within the share however many requests come."""
+
+    def __init__(self, share: float, burst: float = 0.05) -> None:
+        self._share = share
+        self._burst = burst
+        self._credit = burst
+        self._last = time.monotonic()
+        self._lock = threading.Lock()
+        self.refused = 0
+
+    def wait(self) -> float:
+        """0 when a request may go now, else the seconds until one may (and the request is refused)."""
+        with self._lock:
+            now = time.monotonic()
+            self._credit = min(self._burst, self._credit + self._share * (now - self._last))
+            self._last = now
+            if self._credit >= 0:
+                return 0.0
+            self.refused += 1
+            return -self._credit / self._share
+
+    def spent(self, seconds: float) -> None:
+        with self._lock:
+            self._credit -= seconds
+
+
+def _forwarder(upstream: int, pace: _Pace) -> Callable[..., Any]:
+    """The front's WSGI application: the request to the upstream as it came, its answer back as it came
+    (within ``pace``)."""
     from urllib.parse import quote
 
     def forward(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        wait = pace.wait()
+        if wait > 0:
+            start_response("503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8"),
+                                                       ("Retry-After", str(max(1, math.ceil(wait))))])
+            return [b"gpuprobe: the program answers few such requests a second; retry later\n"]
         path = quote(environ.get("PATH_INFO", "/"), safe="/;=,:@!$&'()*+~", encoding="latin-1")
         if environ.get("QUERY_STRING"):
             path += "?" + environ["QUERY_STRING"]
@@ -297,6 +346,7 @@ def _forwarder(upstream: int) -> Callable[..., Any]:
             return [b"gpuprobe: the request body is too large\n"]
         body = environ["wsgi.input"].read(length) if length else None
         conn = http.client.HTTPConnection("127.0.0.1", upstream, timeout=_UPSTREAM_TIMEOUT)
+        started = time.monotonic()
         try:
             conn.request(environ.get("REQUEST_METHOD", "GET"), path, body=body, headers=headers)
             resp = conn.getresponse()
@@ -309,6 +359,7 @@ def _forwarder(upstream: int) -> Callable[..., Any]:
             return [b"gpuprobe: the program did not answer\n"]
         finally:
             conn.close()
+            pace.spent(time.monotonic() - started)
 
     return forward
 
@@ -321,21 +372,28 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--interval", type=float, required=True)
     parser.add_argument("--capture-path", required=True)
     parser.add_argument("--limits", required=True)
+    parser.add_argument("--access", default=None)
     args = parser.parse_args(argv)
     from . import _page
 
     listener = socket.socket(fileno=args.fd)
     copies = _Copies(args.upstream, args.interval, args.capture_path, _page.route)
     errors: list[BaseException] = []
-    server = HttpServer(listener, copies, _forwarder(args.upstream), Limits(**json.loads(args.limits)),
-                        lambda exc: errors.append(exc) if len(errors) < 100 else None)
+    access = None
+    if args.access is not None:
+        given = json.loads(args.access)
+        access = Access(frozenset(given["hosts"]), any_address=given["any_address"], any_host=given["any_host"])
+    limits = Limits(**json.loads(args.limits))
+    pace = _Pace(limits.cpu_share)
+    server = HttpServer(listener, copies, _forwarder(args.upstream, pace), limits,
+                        lambda exc: errors.append(exc) if len(errors) < 100 else None, access)
     out = sys.stdout.buffer
     out.write(_READY)
     out.flush()
     for line in sys.stdin.buffer:  # until the program closes the pipe or ends
         if line.strip() == b"stats":
-            out.write(json.dumps({"threads": server.threads(), "fetches": copies.fetches,
-                                  "errors": len(errors), **server.counts}).encode() + b"\n")
+            out.write(json.dumps({"threads": server.threads(), "fetches": copies.fetches, "errors": len(errors),
+                                  **server.counts, "paced": pace.refused}).encode() + b"\n")
             out.flush()
     server.close()
 

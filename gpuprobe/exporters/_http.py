@@ -25,6 +25,15 @@ microsecond of Python the server runs is a microsecond a generating thread may w
 - The listen backlog is :attr:`Limits.backlog` (Linux caps it at ``net.core.somaxconn``), so a burst of
   connections waits in the kernel instead of being dropped into TCP retransmits (a second or more each).
 
+- A request is read whole by the I/O thread, its body included (at most :data:`MAX_BODY` bytes),
+  within the one deadline of :attr:`Limits.read_timeout`: a client that drips its body holds no worker.
+  Workers never touch a socket: what they answer goes back to the I/O thread, which sends it as the
+  client takes it, within the same timeout. A request that waited :attr:`Limits.read_timeout` for a
+  worker is answered ``503`` instead of being served late.
+- :class:`Access` says whom the server answers: a ``Host`` the endpoint is known by (a page of another
+  site reaching the port through DNS rebinding names its own), and, for requests that act (any method
+  but GET, HEAD and OPTIONS), no other site's ``Origin`` or ``Sec-Fetch-Site``. Refused: ``403``.
+
 Each response closes its connection (``Connection: close``), as prometheus_client's own server does.
 """
 
@@ -34,6 +43,7 @@ import dataclasses
 import errno
 import gzip
 import io
+import ipaddress
 import queue
 import selectors
 import socket
@@ -41,14 +51,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler
 
 from ..errors import ConfigError
 
-__all__ = ["Limits", "Site", "HttpServer", "Rendered", "response"]
+__all__ = ["Access", "Limits", "Site", "HttpServer", "Rendered", "response", "is_scrape", "MAX_BODY"]
 
 _HEAD_END = b"\r\n\r\n"
 _MAX_HEAD = 16384  # bytes of request line and headers; past it: 431
+MAX_BODY = 65536
+"""Bytes of a request body the server reads (a capture request sends a few); past it: 413."""
 _ACCEPTS_PER_ROUND = 64  # connections accepted before the others get a turn
 _BURST = 0.05  # CPU seconds the server may spend at once before the share applies
 _IDLE_WAIT = 0.25  # longest select() wait: deadlines are checked at least this often
@@ -93,6 +106,135 @@ class Limits:
                 raise ConfigError(f"Limits.{name} must be {bound}, got {value!r}")
 
 
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_SAME_SITE = frozenset({"same-origin", "none"})  # Sec-Fetch-Site values of a request a page of this site, or a person, made
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """Whom the server answers.
+
+    A request is refused (``403``) when its ``Host`` header names a host the endpoint is not known by
+    (what a page of another site sends after rebinding its own DNS name to this address), or, for a
+    request that acts (a method other than GET, HEAD and OPTIONS), when it comes from another site:
+    an ``Origin`` other than the endpoint's own, or a ``Sec-Fetch-Site`` other than ``same-origin`` and
+    ``none``. A request without a ``Host`` (HTTP/1.0 tools) is answered; a browser always sends one.
+
+    Attributes:
+        hosts: lower-case names (and IP addresses) a ``Host`` header may carry, besides ``localhost``,
+            names under ``.localhost`` and loopback addresses, which are always answered.
+        any_address: any IP address in ``Host`` is answered (the server binds every address).
+        any_host: every ``Host`` is answered (``*`` among the allowed hosts: behind a proxy that checks).
+
+    Example:
+        >>> Access.for_address("127.0.0.1").allows_host("localhost:9464")
+        True
+        >>> Access.for_address("127.0.0.1").allows_host("attacker.example:9464")
+        False
+    """
+
+    hosts: frozenset[str] = frozenset()
+    any_address: bool = False
+    any_host: bool = False
+
+    @classmethod
+    def for_address(cls, addr: str, extra: tuple[str, ...] = ()) -> Access:
+        """The access of a server bound to ``addr``: its own address, its machine's name, and ``extra``
+        (the ``allowed_hosts`` setting; ``*`` answers every host)."""
+        import socket as _socket
+
+        names = {_host_name(h) for h in extra if h.strip() and h.strip() != "*"}
+        wildcard = addr.strip("[]") in ("0.0.0.0", "::", "")
+        names.add(_host_name(addr))
+        if not _is_loopback_name(addr):
+            try:  # a non-loopback bind is reached by the machine's name too
+                names.add(_host_name(_socket.gethostname()))
+            except OSError:
+                pass
+        names.discard("")
+        return cls(frozenset(names), any_address=wildcard, any_host=any(h.strip() == "*" for h in extra))
+
+    def allows_host(self, header: str) -> bool:
+        """Whether a request with this ``Host`` header is answered."""
+        if self.any_host:
+            return True
+        name = _host_name(_split_host(header)[0])
+        if name in self.hosts or _is_loopback_name(name):
+            return True
+        return self.any_address and _is_address(name)
+
+    def refusal(self, method: str, headers: Mapping[str, str]) -> str | None:
+        """Why a request is refused, or None when it is answered (``headers`` with lower-case names)."""
+        host = headers.get("host")
+        if host is not None and not self.allows_host(host):
+            shown = _shown(host)
+            return (f"this server does not answer for Host {shown}: it is known as localhost and its own address; "
+                    "name other hosts with GPUPROBE_ALLOWED_HOSTS")
+        if method in _SAFE_METHODS:
+            return None
+        site = headers.get("sec-fetch-site")
+        if site is not None and site.strip().lower() not in _SAME_SITE:
+            return f"a {method} from another site (Sec-Fetch-Site: {_shown(site)}) is refused"
+        origin = headers.get("origin")
+        if origin is not None and (host is None or not _same_origin(origin, host)):
+            return f"a {method} from another origin ({_shown(origin)}) is refused"
+        return None
+
+
+def _shown(value: str) -> str:
+    """A header's value as a message may show it: printable ASCII, at most 80 characters, quoted."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in value[:80])
+    return repr(clean + ("..." if len(value) > 80 else ""))
+
+
+def _split_host(value: str) -> tuple[str, str]:
+    """``host:port`` (or ``[v6]:port``) → (host, port); the port is '' when absent."""
+    value = value.strip()
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return value, ""
+        rest = value[end + 1:]
+        return value[1:end], rest[1:] if rest.startswith(":") else ""
+    host, sep, port = value.rpartition(":")
+    if sep and port.isdigit() and ":" not in host:
+        return host, port
+    return value, ""
+
+
+def _host_name(value: str) -> str:
+    return value.strip().strip("[]").rstrip(".").lower()
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_loopback_name(name: str) -> bool:
+    name = _host_name(name)
+    if name == "localhost" or name.endswith(".localhost"):  # RFC 6761: always the loopback interface
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _same_origin(origin: str, host: str) -> bool:
+    """Whether ``Origin: http://h:p`` names the same host and port as ``Host: h:p``."""
+    scheme, sep, rest = origin.strip().partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or "/" in rest:
+        return False
+    default = "443" if scheme.lower() == "https" else "80"
+    o_host, o_port = _split_host(rest)
+    h_host, h_port = _split_host(host)
+    return _host_name(o_host) == _host_name(h_host) and (o_port or default) == (h_port or "80")
+
+
 class Site(Protocol):
     """What the server asks of the application it serves fast (the /metrics exposition)."""
 
@@ -105,6 +247,24 @@ class Site(Protocol):
 
     def answer(self, job: Any) -> bytes:
         """On a worker thread: the whole response."""
+
+
+def is_scrape(method: str, target: str, capture_path: str) -> bool:
+    """Whether a request is a plain scrape, answered from the cached body: GET or HEAD of any path but the
+    capture endpoint's, with no query or one that does not change the body. prometheus_client's own
+    application reads only ``name[]`` from a query (a subset of the series), so any other query is the
+    same scrape, and a flood of queries costs one rendering per interval like any other scrape.
+
+    Example:
+        >>> is_scrape("GET", "/metrics?cache-buster=1", "/gpuprobe/profile"), is_scrape("GET", "/metrics?name[]=x", "")
+        (True, False)
+    """
+    if method not in ("GET", "HEAD"):
+        return False
+    path, _, query = target.partition("?")
+    if path.rstrip("/") in (capture_path, "/favicon.ico"):
+        return False
+    return not query or "name[]" not in parse_qs(query)
 
 
 def response(status: str, body: bytes, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
@@ -158,68 +318,70 @@ _TOO_LARGE = _plain("431 Request Header Fields Too Large", "gpuprobe: the reques
 _BUSY = _plain("503 Service Unavailable", "gpuprobe: the metrics server is busy; retry in a second\n",
                ("Retry-After", "1"))
 _FAILED = _plain("500 Internal Server Error", "gpuprobe: the metrics could not be rendered\n")
+_BODY_TOO_LARGE = _plain("413 Content Too Large", f"gpuprobe: a request body is at most {MAX_BODY} bytes\n")
+_NO_LENGTH = _plain("411 Length Required", "gpuprobe: a request body needs a Content-Length\n")
+
+
+def _forbidden(why: str) -> bytes:
+    return _plain("403 Forbidden", f"gpuprobe: {why}\n")
 
 
 class _Conn:
     """One accepted connection, on the I/O thread."""
 
-    __slots__ = ("sock", "fd", "peer", "buf", "deadline", "out", "watched")
+    __slots__ = ("sock", "fd", "peer", "buf", "deadline", "out", "watched", "head", "need")
 
     def __init__(self, sock: socket.socket, peer: Any, deadline: float) -> None:
         self.sock = sock
         self.fd = sock.fileno()
         self.peer = peer
         self.buf = bytearray()
-        self.deadline = deadline
+        self.deadline = deadline  # for the whole request, head and body; then for sending the answer
         self.out: memoryview | None = None  # what is left to send, once answering
         self.watched = False  # registered with the selector
+        self.head: tuple[str, str, dict[str, str]] | None = None  # method, target, headers, once read
+        self.need = 0  # bytes of the whole request (head and body), once the head is read
 
 
-class _Replay(io.RawIOBase):
-    """A connection's bytes as a file: those the I/O thread already read, then the socket's."""
+class _Work:
+    """A whole request handed to a worker: answered by the site (``job``) or the WSGI application (None)."""
 
-    def __init__(self, sock: socket.socket, prefix: bytes) -> None:
-        self._sock = sock
-        self._prefix = memoryview(prefix)
+    __slots__ = ("conn", "request", "job", "expires")
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        if self._prefix:
-            n = min(len(b), len(self._prefix))
-            b[:n] = self._prefix[:n]
-            self._prefix = self._prefix[n:]
-            return n
-        return self._sock.recv_into(b)
+    def __init__(self, conn: _Conn, request: bytes, job: Any, expires: float) -> None:
+        self.conn = conn
+        self.request = request
+        self.job = job
+        self.expires = expires  # past it, the request has waited too long: 503
 
 
-class _Writer(io.BufferedIOBase):
-    """A connection as a file to write to (every write sent whole)."""
+class _Collected(io.BufferedIOBase):
+    """What wsgiref writes, kept in memory (the I/O thread sends it)."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
 
     def writable(self) -> bool:
         return True
 
     def write(self, b: Any) -> int:
-        self._sock.sendall(b)
+        self.parts.append(bytes(b))
         return len(b)
 
 
 class _WsgiRequest(WSGIRequestHandler):
-    """wsgiref's handler on a connection whose first bytes the I/O thread has read."""
+    """wsgiref's handler on a whole request the I/O thread has read; its answer is kept in ``out``."""
 
-    def __init__(self, sock: socket.socket, peer: Any, server: HttpServer, prefix: bytes) -> None:
-        self._prefix = prefix
-        # Duck-typed: wsgiref reads its server's base_environ and get_app() only.
-        super().__init__(sock, peer, server)  # type: ignore[arg-type]
+    def __init__(self, request: bytes, peer: Any, server: HttpServer) -> None:
+        self._whole = request
+        self.out = _Collected()
+        # Duck-typed: wsgiref reads its server's base_environ and get_app() only; the "socket" is unused.
+        super().__init__(None, peer, server)  # type: ignore[arg-type]
 
     def setup(self) -> None:
-        self.connection = self.request
-        self.rfile = io.BufferedReader(_Replay(self.request, self._prefix))
-        self.wfile = _Writer(self.request)
+        self.connection = None
+        self.rfile = io.BytesIO(self._whole)
+        self.wfile = self.out
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         """No access log on stderr."""
@@ -237,12 +399,13 @@ class HttpServer:
     """
 
     def __init__(self, listener: socket.socket, site: Site, app: Callable[..., Any], limits: Limits,
-                 on_error: Callable[[BaseException], None]) -> None:
+                 on_error: Callable[[BaseException], None], access: Access | None = None) -> None:
         self._listener = listener
         self._site = site
         self._app = app
         self.limits = limits
         self._on_error = on_error
+        self.access = access if access is not None else Access.for_address(str(listener.getsockname()[0]))
         host, port = listener.getsockname()[:2]
         # What wsgiref's handler reads from its server (WSGIServer.setup_environ, without its DNS lookup).
         self.base_environ = {"SERVER_NAME": str(host), "GATEWAY_INTERFACE": "CGI/1.1", "SERVER_PORT": str(port),
@@ -253,7 +416,9 @@ class HttpServer:
         self._wake_w.setblocking(False)
         self._reading: dict[int, _Conn] = {}  # in accept order, which is deadline order
         self._writing: dict[int, _Conn] = {}
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()  # at most limits.waiting (see _hand_over)
+        self._jobs: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()  # at most limits.waiting (_hand_over)
+        # What the workers answered, for the I/O thread to send; False: a request that waited too long (503).
+        self._answers: queue.SimpleQueue[tuple[_Conn, bytes, bool]] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._idle = 0
         self._stopping = False
@@ -264,7 +429,8 @@ class HttpServer:
         self._tokens = self._burst  # connections the server may accept now (see _pace)
         self._paused_until = 0.0
         self._listening = False
-        self.counts = {"answered": 0, "refused": 0, "timed_out": 0, "evicted": 0, "malformed": 0}
+        self.counts = {"answered": 0, "refused": 0, "timed_out": 0, "evicted": 0, "malformed": 0, "forbidden": 0,
+                       "expired": 0}
         listener.setblocking(False)
         listener.listen(limits.backlog)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
@@ -297,11 +463,17 @@ class HttpServer:
             except queue.Empty:
                 break
             if work is not None:
-                _close(work[0])
+                _close(work.conn.sock)
         for _ in self._workers:
             self._jobs.put(None)
         for worker in self._workers:
             worker.join(0.5)
+        while True:  # answers the I/O thread did not send
+            try:
+                conn, _, _ = self._answers.get_nowait()
+            except queue.Empty:
+                break
+            _close(conn.sock)
         self._close_all()
 
     def forget_in_child(self) -> None:
@@ -361,9 +533,18 @@ class HttpServer:
 
     def _drain_wake(self) -> None:
         try:
-            self._wake_r.recv(64)
+            self._wake_r.recv(4096)
         except OSError:
             pass
+        now = time.monotonic()
+        while True:  # what the workers answered, sent from here as each client takes it
+            try:
+                conn, data, answered = self._answers.get_nowait()
+            except queue.Empty:
+                return
+            conn.deadline = now + self.limits.read_timeout
+            self.counts["answered" if answered else "expired"] += 1
+            self._send(conn, data, now)
 
     def _listen(self, on: bool) -> None:
         if on != self._listening:
@@ -443,42 +624,74 @@ class HttpServer:
             self._drop(conn)
             return
         conn.buf += data
-        end = conn.buf.find(_HEAD_END)
-        if end > _MAX_HEAD or (end < 0 and len(conn.buf) > _MAX_HEAD):
-            self._finish(conn, _TOO_LARGE)
-            return
-        if end < 0:
-            return
-        self._request(conn, end, now)
+        if conn.head is None:
+            end = conn.buf.find(_HEAD_END)
+            if end > _MAX_HEAD or (end < 0 and len(conn.buf) > _MAX_HEAD):
+                self._finish(conn, _TOO_LARGE)
+                return
+            if end < 0:
+                return
+            if not self._parse(conn, end):
+                return
+        if len(conn.buf) >= conn.need:  # the whole request, body included: within the one deadline
+            self._request(conn, now)
 
-    def _request(self, conn: _Conn, end: int, now: float) -> None:
+    def _parse(self, conn: _Conn, end: int) -> bool:
+        """Read the head; False when the connection was answered for it (malformed, refused, too large)."""
         lines = bytes(conn.buf[:end]).decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
             self.counts["malformed"] += 1
             self._finish(conn, _BAD_REQUEST)
-            return
+            return False
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
             if not sep:
                 self.counts["malformed"] += 1
                 self._finish(conn, _BAD_REQUEST)
-                return
+                return False
             key = name.strip().lower()
             headers[key] = f"{headers[key]},{value.strip()}" if key in headers else value.strip()
+        why = self.access.refusal(parts[0], headers)
+        if why is not None:
+            self.counts["forbidden"] += 1
+            self._finish(conn, _forbidden(why))
+            return False
+        if "transfer-encoding" in headers:
+            self._finish(conn, _NO_LENGTH)
+            return False
+        length = headers.get("content-length", "0").strip()
+        if not (length.isascii() and length.isdigit()) or len(length) > 12:
+            self.counts["malformed"] += 1
+            self._finish(conn, _BAD_REQUEST)
+            return False
+        if int(length) > MAX_BODY:
+            self._finish(conn, _BODY_TOO_LARGE)
+            return False
+        conn.head = (parts[0], parts[1], headers)
+        conn.need = end + len(_HEAD_END) + int(length)
+        return True
+
+    def _request(self, conn: _Conn, now: float) -> None:
+        assert conn.head is not None
+        method, target, headers = conn.head
         job = None
-        if "content-length" not in headers and "transfer-encoding" not in headers:
-            job = self._site.route(parts[0], parts[1], headers)
+        if "content-length" not in headers:
+            job = self._site.route(method, target, headers)
         if job is not None:
             ready = self._site.ready(job)
             if ready is not None:
                 self._answer(conn, ready, now)
                 return
-        self._hand_over(conn, job)
+        self._hand_over(conn, job, now)
 
     def _answer(self, conn: _Conn, data: bytes, now: float) -> None:
         self.counts["answered"] += 1
+        self._send(conn, data, now)
+
+    def _send(self, conn: _Conn, data: bytes, now: float) -> None:
+        """Send what the socket takes now; the rest as the client takes it, by ``conn.deadline``."""
         try:
             sent = conn.sock.send(data)
         except BlockingIOError:
@@ -489,8 +702,7 @@ class HttpServer:
         if sent == len(data):
             self._drop(conn)
             return
-        # The rest goes as the client takes it, within the read timeout.
-        del self._reading[conn.fd]
+        self._reading.pop(conn.fd, None)
         conn.out = memoryview(data)[sent:]
         conn.deadline = now + self.limits.read_timeout
         self._writing[conn.fd] = conn
@@ -513,14 +725,14 @@ class HttpServer:
         if not conn.out:
             self._drop(conn)
 
-    def _hand_over(self, conn: _Conn, job: Any) -> None:
-        """Give a request to a worker: ``job`` for the site, or None for the WSGI application."""
+    def _hand_over(self, conn: _Conn, job: Any, now: float) -> None:
+        """Give a whole request to a worker: ``job`` for the site, or None for the WSGI application."""
         self._forget(conn)
         if self._jobs.qsize() >= self.limits.waiting:
             self.counts["refused"] += 1
             _send_and_close(conn.sock, _BUSY)
             return
-        self._jobs.put((conn.sock, conn.peer, bytes(conn.buf), job))
+        self._jobs.put(_Work(conn, bytes(conn.buf[:conn.need]), job, now + self.limits.read_timeout))
         if self._idle == 0 and len(self._workers) < self.limits.threads:
             worker = threading.Thread(target=self._work, name=f"gpuprobe-metrics-{len(self._workers) + 1}",
                                       daemon=True)
@@ -556,30 +768,25 @@ class HttpServer:
             if work is None:
                 return
             started = cpu()
-            answered = 0
-            sock, peer, prefix, job = work
+            data, answered = _FAILED, True
             try:
-                sock.setblocking(True)
-                sock.settimeout(self.limits.read_timeout)
-                if job is None:
-                    _WsgiRequest(sock, peer, self, prefix)
+                if time.monotonic() > work.expires:  # waited too long: the client has a retry, not a late answer
+                    data, answered = _BUSY, False
+                elif work.job is None:
+                    handler = _WsgiRequest(work.request, work.conn.peer, self)
+                    data = b"".join(handler.out.parts)
                 else:
-                    try:
-                        data = self._site.answer(job)
-                    except Exception as exc:
-                        self._on_error(exc)
-                        data = _FAILED
-                    sock.sendall(data)
-                    answered = 1
-            except OSError:
-                pass  # the client went away or was too slow: nothing to answer
-            except Exception as exc:  # pragma: no cover - wsgiref answers the application's own errors
+                    data = self._site.answer(work.job)
+            except Exception as exc:  # wsgiref answers the application's own errors; this is the site's
                 self._on_error(exc)
             finally:
-                _close(sock)
                 with self._spent_lock:
                     self._spent += cpu() - started
-                    self.counts["answered"] += answered
+                self._answers.put((work.conn, data, answered))
+                try:
+                    self._wake_w.send(b"x")
+                except OSError:  # the wake-up pipe is full (the I/O thread wakes anyway) or closed
+                    pass
 
 
 def _send_and_close(sock: socket.socket, data: bytes) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import gzip as _gzip
 import os
 import socket
 import sys
@@ -42,7 +43,7 @@ from ..errors import ConfigError, missing
 from ..runtime import Runtime
 from ..runtime import runtime as _runtime
 from . import _front, _page
-from ._http import HttpServer, Limits, Rendered, _close
+from ._http import Access, HttpServer, Limits, Rendered, _close, is_scrape
 
 try:
     from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -252,6 +253,43 @@ def _renderer(encoder: Any, collector: GpuprobeCollector, registry: Any) -> Call
     return lambda: encoder(registry)  # type: ignore[no-any-return]
 
 
+def _sample_names(md: MetricData) -> tuple[str, ...]:
+    """The names a family's samples go by (what prometheus_client's ``name[]`` query matches)."""
+    name = prometheus_name(md.spec)
+    typ = _TYPES[md.spec.instrument]
+    if typ == "histogram":
+        return name, name + "_bucket", name + "_count", name + "_sum"
+    if typ == "counter":
+        return name, name + "_total"
+    return (name,)
+
+
+def _series_query(app: Callable[..., Any], collector: GpuprobeCollector) -> Callable[..., Any]:
+    """``app`` with ``GET ...?name[]=N`` answered with the families N names (as prometheus_client's own
+    application does for collectors that describe themselves; gpuprobe's families appear as probes run)."""
+    from urllib.parse import parse_qs
+
+    def query_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+        if environ.get("REQUEST_METHOD") != "GET" or not names:
+            return app(environ, start_response)
+        try:
+            encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        except Exception:  # e.g. "version=abc": as route() does
+            encoder, content_type = choose_encoder("")
+        wanted = set(names)
+        data = [md for md in collector.data() if wanted.intersection(_sample_names(md))]
+        body = render(data, openmetrics=getattr(encoder, "func", encoder) is generate_openmetrics)
+        headers = [("Content-Type", content_type)]
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            body = _gzip.compress(body, compresslevel=6)
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [body]
+
+    return query_app
+
+
 class _Exposition:
     """The /metrics body, rendered at most once per ``collect_interval`` and reused in between (the
     :class:`~gpuprobe.exporters._http.Site` of the endpoint).
@@ -275,12 +313,12 @@ class _Exposition:
         return self.reuse and rendered is not None and now - rendered.at < self._rt.settings.collect_interval
 
     def route(self, method: str, target: str, headers: Mapping[str, str]) -> _Job | bytes | None:
-        """Scrapes (GET or HEAD, any path but the capture endpoint's, no query) are the exposition's; the
+        """Scrapes (:func:`~._http.is_scrape`: GET or HEAD, not the capture endpoint) are the exposition's; the
         live page (``/`` for a browser, and its files) is :mod:`._page`'s: a response made beforehand."""
         page = _page.route(method, target, headers)
         if page is not None:
             return page.head if method == "HEAD" else page.full
-        if method not in ("GET", "HEAD") or "?" in target or target.rstrip("/") in (_on_demand.PATH, "/favicon.ico"):
+        if not is_scrape(method, target, _on_demand.PATH):
             return None
         accept = headers.get("accept", "")
         chosen = self._negotiated.get(accept)
@@ -339,6 +377,7 @@ class _Endpoint:
         self._listener = listener
         self._make_server = make_server
         self._watcher: threading.Thread | None = None
+        self._pid = os.getpid()  # a forked child's copy belongs to the parent: see forget_in_child
         if front is not None:
             self._watcher = threading.Thread(target=self._front_ended, name="gpuprobe-metrics-front", daemon=True)
             self._watcher.start()
@@ -364,6 +403,8 @@ class _Endpoint:
         internal.close()
 
     def release(self) -> None:
+        if self._pid != os.getpid():  # a forked child's handle: the parent's endpoint is not the child's to stop
+            return
         with _lock:
             self.users -= 1
             if self.users > 0:
@@ -379,9 +420,11 @@ class _Endpoint:
             _close(self._listener)
 
     def forget_in_child(self) -> None:
-        """In a forked child: none of the endpoint's threads runs here; close what the child inherited."""
-        if self.front is not None:
-            self.front.forget_in_child()
+        """In a forked child: none of the endpoint's threads runs here; close what the child inherited.
+        The parent's front process is neither waited for nor signalled (it is not the child's)."""
+        front, self.front = self.front, None
+        if front is not None:
+            front.forget_in_child()
         self.server.forget_in_child()
         if self._listener is not None:
             _close(self._listener)
@@ -421,7 +464,11 @@ class Server:
         """What the endpoint has done so far: ``threads`` it runs now, ``renders`` of the body, requests
         ``answered``, ``refused`` (503: every worker busy and ``Limits.waiting`` requests waiting),
         ``timed_out`` (not sent, or not taken, within ``Limits.read_timeout``), ``evicted`` (cut while
-        sending a request, past ``Limits.connections``), ``malformed`` (answered 400).
+        sending a request, past ``Limits.connections``), ``malformed`` (answered 400), ``forbidden`` (answered
+        403: a ``Host`` the endpoint is not known by, or an acting request from another site; see
+        :class:`~gpuprobe.exporters._http.Access`), ``expired`` (answered 503 after waiting
+        ``Limits.read_timeout`` for a worker), ``paced`` (forwarded requests a front process answered 503 to
+        keep the program within ``Limits.cpu_share``; 0 in-process).
 
         Example:
             >>> import gpuprobe
@@ -435,9 +482,9 @@ class Server:
         counts = front.stats() if front is not None else None
         if counts is not None:  # the front's threads and counts: the requests it answered
             return {"threads": int(counts.get("threads", 0)), "renders": endpoint.exposition.renders,
-                    **{k: int(counts.get(k, 0)) for k in endpoint.server.counts}}
+                    **{k: int(counts.get(k, 0)) for k in endpoint.server.counts}, "paced": int(counts.get("paced", 0))}
         return {"threads": endpoint.server.threads(), "renders": endpoint.exposition.renders,
-                **endpoint.server.counts}
+                **endpoint.server.counts, "paced": 0}
 
     @property
     def front_pid(self) -> int | None:
@@ -533,7 +580,8 @@ def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime 
         with rt.lock:
             collector.prepare(rt)  # the known series and build info, from now on
         exposition = _Exposition(rt, collector, registry)
-        app = _on_demand.wrap_wsgi(make_wsgi_app(registry), rt, addr)
+        app = _on_demand.wrap_wsgi(_series_query(make_wsgi_app(registry), collector), rt, addr)
+        access = Access.for_address(addr, tuple(h for h in (cfg.allowed_hosts or "").split(",") if h))
         try:
             listener = _bind(addr, port)
         except OSError as exc:
@@ -553,11 +601,11 @@ def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime 
             rt.warn_once("metrics-server", f"gpuprobe: the /metrics server could not answer a request: {exc!r}")
 
         def in_program(sock: socket.socket) -> HttpServer:
-            return HttpServer(sock, exposition, app, limits, on_error)
+            return HttpServer(sock, exposition, app, limits, on_error, access)
 
         front = None
         if not in_process and _front.available():
-            front, httpd = _start_front(rt, listener, exposition, app, limits, on_error)
+            front, httpd = _start_front(rt, listener, exposition, app, limits, access, on_error)
         if front is None:
             httpd = in_program(listener)
             endpoint = _Endpoint(httpd, exposition, addr, listener.getsockname()[1], rt=rt)
@@ -573,19 +621,22 @@ def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime 
 
 
 def _start_front(rt: Runtime, listener: socket.socket, exposition: _Exposition, app: Any, limits: Limits,
-                 on_error: Callable[[BaseException], None]) -> tuple[_front.Front | None, HttpServer | None]:
+                 access: Access, on_error: Callable[[BaseException], None],
+                 ) -> tuple[_front.Front | None, HttpServer | None]:
     """The front process answering ``listener``, and the program's own server on a loopback port it asks;
     (None, None) with one warning if the front cannot start (the caller then serves in-process)."""
     internal = None
     try:
         listener.listen(limits.backlog)  # connections wait in the kernel while the front starts
         upstream = _bind("127.0.0.1", 0)
-        # The front's bounds protect the program; this server only ever sees the front's few requests.
+        # The front's bounds protect the program: it fetches a body at most once per interval and format, and
+        # paces what it forwards (a capture, a query of some series) to the CPU share by the time the program
+        # takes to answer. It forwards each request's Host, so the same access applies here too.
         internal = HttpServer(upstream, exposition, app, dataclasses.replace(limits, cpu_share=1.0, rate=1e6),
-                              on_error)
+                              on_error, access)
         exposition.reuse = False
         front = _front.Front(listener, upstream.getsockname()[1], limits, rt.settings.collect_interval,
-                             _on_demand.PATH)
+                             _on_demand.PATH, access)
         return front, internal
     except Exception as exc:  # fail open: the program answers the port itself
         exposition.reuse = True
