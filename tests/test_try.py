@@ -448,7 +448,9 @@ def test_sweeps_make_one_table_per_prompt_length_and_batch_size(model: Any) -> N
     shapes = [(w.prompt_len, w.batch_size) for w in result.workloads]
     assert shapes == [(4, 1), (4, 2), (12, 1), (12, 2)]
     assert all(w.baseline.figures["tokens_per_s"].n == 1 for w in result.workloads)
-    assert any("fewer than" in n for n in result.notes)  # one round: figures without verdicts, and it says so
+    # one round, as asked: figures without verdicts, and each table says so
+    assert all(w.no_verdict == f"not enough rounds for a verdict: 1 measured, as many as asked for (--rounds 1); "
+                               f"the rule needs {MIN_ROUNDS}" for w in result.workloads)
 
 
 def test_a_variant_that_fails_is_reported_failed_and_the_others_still_run(model: Any) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpuprobe.experiment.cli import main
+    from gpuprobe.experiment.faults import Fault, ModelFailed
     from gpuprobe.experiment.outputs import OutputMatch
     from gpuprobe.experiment.plotting import plot
     from gpuprobe.experiment.rendering import render
@@ -41,6 +42,8 @@ _LAZY = {
     "VariantResult": "gpuprobe.experiment.result",
     "Variant": "gpuprobe.experiment.variants",
     "NotRun": "gpuprobe.experiment.variants",
+    "Fault": "gpuprobe.experiment.faults",
+    "ModelFailed": "gpuprobe.experiment.faults",
     "OutputMatch": "gpuprobe.experiment.outputs",
     "REMEDY_VARIANTS": "gpuprobe.experiment.remedies",
     "RemedyVariants": "gpuprobe.experiment.remedies",

@@ -1,8 +1,10 @@
 """Command line: ``gpuprobe try MODEL``: measure the remedies gpuprobe's findings name, on this machine.
 
 Exit status: 0 done; 2 bad input (MODEL, an option, an output that cannot be written, a missing
-package), one line on stderr naming it; 1 an internal error of gpuprobe (``--debug`` for the
-traceback); 130 interrupted.
+package) or an error of MODEL's own (its folder, factory, model or generate() call: what failed, the
+exception and the line of your code; the rounds measured before it are printed or written as asked),
+one line on stderr naming it; 1 an internal error of gpuprobe (``--debug`` for the traceback); 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from gpuprobe._files import write_file_atomic
 from gpuprobe.config import parse_duration
 from gpuprobe.errors import ConfigError, GpuprobeError, MissingDependencyError
 
+from .faults import ModelFailed
 from .variants import GROUPS, Variant
+
+if TYPE_CHECKING:
+    from .result import TryResult
 
 __all__ = ["main"]
 
@@ -93,7 +99,8 @@ def parser() -> argparse.ArgumentParser:
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
                           help="say what runs on stderr (default: when stderr is a terminal)")
     progress.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--debug", action="store_true", help="on an internal error, show the traceback")
+    p.add_argument("--debug", action="store_true", help="on an error of MODEL's or an internal one, show the "
+                                                        "traceback")
     return p
 
 
@@ -113,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         if shown:
             print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
+    loading: float | None = None
     try:
         from .load import load
-        from .rendering import render
         from .runner import check_variants, try_remedies
 
         check_variants(args.variants.split(","), args.variant)
@@ -127,17 +134,24 @@ def main(argv: list[str] | None = None) -> int:
                               new_tokens=args.new_tokens, trace_dir=args.trace, max_rounds=args.rounds,
                               model_label=loaded.label, progress=say)
         result.notes.append(f"Loading the model took {loading:.1f} s, before the budget.")
-        if args.plot:
-            from .plotting import plot
-
-            _write(args.plot, lambda path: plot(result, path))
-        text = render(result, args.format)
-        if args.output:
-            _write(args.output, lambda path: write_file_atomic(path, text))
-        else:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+        _show(result, args)
         return EXIT_OK
+    except ModelFailed as exc:
+        if args.debug and exc.__cause__ is not None:
+            traceback.print_exception(exc.__cause__, file=sys.stderr)
+        kept = ""
+        if exc.partial is not None:
+            if loading is not None:
+                exc.partial.notes.append(f"Loading the model took {loading:.1f} s, before the budget.")
+            rounds = sum(w.rounds for w in exc.partial.workloads)
+            try:
+                _show(exc.partial, args)
+                kept = (f"; the {rounds} round{'s' if rounds != 1 else ''} measured before it "
+                        + (f"are in {args.output}" if args.output else "are shown above"))
+            except Exception as cannot:  # an output that cannot be written, no matplotlib: said on the same line
+                kept = f"; the rounds measured before it are not kept: {' '.join(str(cannot).split())}"
+        print(f"{PROG}: error: {exc}{kept}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except (ConfigError, MissingDependencyError, _CannotWrite) as exc:
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -158,6 +172,22 @@ def main(argv: list[str] | None = None) -> int:
 
 class _CannotWrite(Exception):
     pass
+
+
+def _show(result: TryResult, args: argparse.Namespace) -> None:
+    """Render ``result`` as asked: on stdout or atomically to ``--output``, and the ``--plot``."""
+    from .rendering import render
+
+    text = render(result, args.format)
+    if args.output:
+        _write(args.output, lambda path: write_file_atomic(path, text))
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    if args.plot:  # after the text: a plot that cannot be drawn (no matplotlib) loses nothing else
+        from .plotting import plot
+
+        _write(args.plot, lambda path: plot(result, path))
 
 
 def _write(path: str, write: Callable[[str], object]) -> None:

@@ -19,6 +19,8 @@ from typing import Any
 
 from gpuprobe.errors import ConfigError
 
+from .faults import Fault, ModelFailed
+
 __all__ = ["Loaded", "load", "PROMPT"]
 
 PROMPT = ("A GPU runs thousands of threads at once; a decode step of a language model reads every weight "
@@ -41,6 +43,8 @@ def load(spec: str, *, device: str | None = None) -> Loaded:
     Raises:
         ConfigError: MODEL is neither a folder nor ``module:factory``, the factory is missing or returns
             something else than ``(model, dict)``; the message names it.
+        ModelFailed: MODEL's own code or files raised: the folder does not load (a damaged weights file is
+            named), the factory's module or the factory raised (its file and line are named).
     """
     if os.path.isdir(spec):
         return _folder(spec, device)
@@ -54,7 +58,10 @@ def load(spec: str, *, device: str | None = None) -> Loaded:
     factory = getattr(_module(module), name, None)
     if not callable(factory):
         raise ConfigError(f"MODEL {spec!r}: {module} has no callable {name!r}")
-    made = factory()
+    try:
+        made = factory()
+    except Exception as exc:
+        raise ModelFailed(Fault.of(exc, f"the factory {spec}")) from exc
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], Mapping)):
         raise ConfigError(f"MODEL {spec!r}: the factory must return (model, generate_kwargs), got "
                           f"{type(made).__name__}")
@@ -74,7 +81,11 @@ def _module(module: str) -> Any:
             raise ConfigError(f"MODEL: cannot load {module!r} as Python")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
-        spec.loader.exec_module(mod)
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as exc:
+            sys.modules.pop(name, None)
+            raise ModelFailed(Fault.of(exc, f"importing {module}")) from exc
         return mod
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: the current folder's modules are found
@@ -83,7 +94,29 @@ def _module(module: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and module.startswith(exc.name):
             raise ConfigError(f"MODEL: no module {module!r} (from the current folder or sys.path)") from None
-        raise
+        raise ModelFailed(Fault.of(exc, f"importing {module}")) from exc
+    except Exception as exc:
+        raise ModelFailed(Fault.of(exc, f"importing {module}")) from exc
+
+
+def _damaged_weights(folder: str) -> str | None:
+    """The folder's safetensors files whose header does not read (cut short, overwritten); None when every
+    one reads (or safetensors is not installed)."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return None
+    bad = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".safetensors"):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            with safe_open(path, framework="pt"):  # reads the header alone, checked against the file's size
+                pass
+        except Exception:
+            bad.append(path)
+    return ", ".join(bad) or None
 
 
 def _folder(path: str, device: str | None) -> Loaded:
@@ -93,9 +126,16 @@ def _folder(path: str, device: str | None) -> Loaded:
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)  # type: ignore[arg-type]
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"MODEL {path!r}: not a model folder transformers can load: {exc}") from None
-    model = model.to(target).eval()
+    except Exception as exc:  # the folder's own files: a missing config, a damaged weights file
+        damaged = _damaged_weights(path)
+        if damaged is None and isinstance(exc, (OSError, ValueError)):
+            raise ConfigError(f"MODEL {path!r}: not a model folder transformers can load: {exc}") from None
+        raise ModelFailed(Fault.of(exc, f"loading MODEL {path!r} (AutoModelForCausalLM.from_pretrained)",
+                                   where=damaged)) from exc
+    try:
+        model = model.to(target).eval()
+    except Exception as exc:  # no room on the device, a device that is not there
+        raise ModelFailed(Fault.of(exc, f"moving MODEL {path!r} to {target}")) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]

@@ -10,12 +10,13 @@ audited call also samples its steps' kernels (launches per step).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import gpuprobe
 from gpuprobe.profiling import KernelSampler, profile
 from gpuprobe.runtime import runtime
 from gpuprobe.testing import InMemoryExporter, Observation
+
+from .faults import CallFailed, is_gpuprobes
 
 __all__ = ["CallFigures", "Syncs", "Audit", "Meter", "FIGURES"]
 
@@ -139,14 +142,20 @@ class Meter:
             self._torch.cuda.synchronize(self.device)  # between calls, outside what is timed: device timings resolve
 
     def call(self, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> tuple[Any, CallFigures]:
-        """Run ``fn(**kwargs)`` once, measured; returns its output and figures."""
+        """Run ``fn(**kwargs)`` once, measured; returns its output and figures.
+
+        Raises:
+            CallFailed: the call raised (MODEL's error; the original is its ``error``). So do :meth:`audit`
+                and :meth:`trace`.
+        """
         self._settle()
         if self.cuda:
             self._torch.cuda.reset_peak_memory_stats(self.device)
         self._exporter.clear()
-        with self._probe:
-            out = fn(**kwargs)
-        self._settle()
+        with _model_errors():
+            with self._probe:
+                out = fn(**kwargs)
+            self._settle()  # an asynchronous CUDA error of the call surfaces here
         return out, self._figures(self._exporter.observations())
 
     def audit(self, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> tuple[Any, Audit]:
@@ -160,8 +169,9 @@ class Meter:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # the first sightings: counted below instead
-                out = fn(**kwargs)
-            self._settle()
+                with _model_errors():
+                    out = fn(**kwargs)
+                    self._settle()
         finally:
             gpuprobe.configure(sync_audit=before)
             if sampler is not None:
@@ -186,8 +196,9 @@ class Meter:
         first = runtime().steps.index + 1
         window = profile((first, first + 10**9), output=path)
         try:
-            fn(**kwargs)
-            self._settle()
+            with _model_errors():
+                fn(**kwargs)
+                self._settle()
         finally:
             written = window.stop()
         return written if written is not None else (window.error or "no step ran inside the window")
@@ -244,6 +255,18 @@ class Meter:
             components=dict(components),
             steps_s=sum(values("gpuprobe.step.duration", clock="host")),
         )
+
+
+@contextlib.contextmanager
+def _model_errors() -> Iterator[None]:
+    """Around a call of MODEL and the wait for its device work: what is raised there is MODEL's
+    (:class:`~gpuprobe.experiment.faults.CallFailed`), unless it was raised inside gpuprobe's own code."""
+    try:
+        yield
+    except Exception as exc:
+        if is_gpuprobes(exc):
+            raise
+        raise CallFailed(exc) from exc
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:

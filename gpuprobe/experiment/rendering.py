@@ -1,5 +1,6 @@
 """An experiment as text, Markdown or JSON: per workload a ranked table, the winner's code change, what
-did not run and why, and the notes (what a CPU cannot show, too few rounds, outputs that differ).
+did not run and why, the notes (what a CPU cannot show, outputs that differ); no verdict where there are
+fewer rounds than the verdict rule needs, and what stopped an experiment early.
 
 The baseline row holds the figures themselves (medians, tokens/s with its interquartile range); a
 variant's row holds its gain over the baseline per round, median (interquartile range): above 1 is
@@ -103,6 +104,8 @@ def _table(rows: list[tuple[str, ...]], markdown: bool) -> list[str]:
 
 
 def _winner(w: WorkloadResult, markdown: bool) -> list[str]:
+    if w.no_verdict is not None:
+        return [w.no_verdict[0].upper() + w.no_verdict[1:] + "."]
     win = w.winner
     if win is None:
         return ["No variant is faster than the baseline here (tokens/s beyond the spread of the rounds)."]
@@ -145,6 +148,8 @@ def _document(result: TryResult, markdown: bool) -> str:
     head = (f"gpuprobe try: {result.model} ({f.dtype}, attention {f.attention}) on {m.name}, {m.clock} clock; "
             f"{result.elapsed_s:.1f} s of a {result.budget_s:g} s budget")
     lines = [f"# {head}" if markdown else head, ""]
+    if result.fault is not None:
+        lines += [f"Stopped early: {result.fault.text}. The rounds below were measured before it.", ""]
     lines.append("Figures are medians over the rounds (interquartile range); a variant's are its gains per round "
                  "against the baseline, above 1 is better. The verdict is on tokens/s, and only where the rounds "
                  "agree beyond chance and the gain exceeds their spread.")

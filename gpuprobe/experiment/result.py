@@ -10,13 +10,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .faults import Fault
 from .outputs import OutputMatch
-from .stats import FASTER, Comparison, Spread
+from .stats import FASTER, MIN_ROUNDS, Comparison, Spread
 from .variants import Machine, ModelFacts, NotRun, Variant
 
-__all__ = ["VariantResult", "WorkloadResult", "TryResult", "SCHEMA"]
+__all__ = ["VariantResult", "WorkloadResult", "TryResult", "SCHEMA", "ENDED_BY"]
 
 SCHEMA = 1
+
+#: What ended a workload's rounds: its share of the budget, ``max_rounds`` (``--rounds``), or a fault of MODEL.
+ENDED_BY = ("budget", "max_rounds", "fault")
 
 
 @dataclasses.dataclass
@@ -83,7 +87,13 @@ def _memory_words(figure: str, d: dict[str, Any]) -> dict[str, Any]:
 
 @dataclasses.dataclass
 class WorkloadResult:
-    """One prompt length × batch size: the baseline, the variants ranked (fastest first), what did not run."""
+    """One prompt length × batch size: the baseline, the variants ranked (fastest first), what did not run.
+
+    Attributes:
+        ended_by: what ended the rounds (one of :data:`ENDED_BY`).
+        round_s: one round's time with every variant that applies: the last call of each one measured, and
+            an estimate for each the budget left out (None when no call finished).
+    """
 
     prompt_len: int
     batch_size: int
@@ -94,6 +104,28 @@ class WorkloadResult:
     variants: list[VariantResult]
     not_run: list[NotRun]
     diff_command: str | None = None
+    ended_by: str = "budget"
+    round_s: float | None = None
+
+    @property
+    def no_verdict(self) -> str | None:
+        """Why there is no verdict, when there are fewer rounds than the verdict rule needs; else None.
+
+        Example:
+            >>> from gpuprobe.experiment.variants import Variant
+            >>> base = VariantResult(Variant("baseline", "as given", "# no change"))
+            >>> WorkloadResult(6, 1, 2, False, 0, base, [], [], round_s=3.14).no_verdict
+            'not enough rounds for a verdict: 0 measured in the budget, the rule needs 7; raise --budget (one round takes ~3.1 s)'
+        """
+        if self.rounds >= MIN_ROUNDS:
+            return None
+        head = f"not enough rounds for a verdict: {self.rounds}"
+        if self.ended_by == "max_rounds":
+            return f"{head} measured, as many as asked for (--rounds {self.rounds}); the rule needs {MIN_ROUNDS}"
+        if self.ended_by == "fault":
+            return f"{head} measured before the baseline failed, the rule needs {MIN_ROUNDS}"
+        pace = f" (one round takes ~{self.round_s:.2g} s)" if self.round_s else ""
+        return f"{head} measured in the budget, the rule needs {MIN_ROUNDS}; raise --budget{pace}"
 
     @property
     def winner(self) -> VariantResult | None:
@@ -119,12 +151,20 @@ class WorkloadResult:
             "winner": winner.name if winner is not None else None,
             "winner_code": winner.variant.code if winner is not None else None,
             "diff_command": self.diff_command,
+            "ended_by": self.ended_by,
+            "round_s": round(self.round_s, 3) if self.round_s is not None else None,
+            "no_verdict": self.no_verdict,
         }
 
 
 @dataclasses.dataclass
 class TryResult:
-    """The whole experiment. ``notes`` say what the figures cannot show (a CPU is not a GPU, few rounds)."""
+    """The whole experiment. ``notes`` say what the figures cannot show (a CPU is not a GPU, few rounds).
+
+    Attributes:
+        fault: the error of MODEL that ended the experiment early (its workloads are the rounds measured
+            before it), or None when it ran to its end.
+    """
 
     model: str
     facts: ModelFacts
@@ -134,6 +174,7 @@ class TryResult:
     workloads: list[WorkloadResult]
     not_run_workloads: list[NotRun]
     notes: list[str]
+    fault: Fault | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -146,5 +187,6 @@ class TryResult:
             "workloads": [w.to_dict() for w in self.workloads],
             "not_run_workloads": [n.to_dict() for n in self.not_run_workloads],
             "notes": list(self.notes),
+            "fault": self.fault.to_dict() if self.fault is not None else None,
         }
 

@@ -6,6 +6,12 @@ then the same for every variant that applies, admitted while the fewest rounds o
 workload's share of the budget. Then rounds: each round calls every variant once, the order rotated by
 one each round, until the share leaves no room for another round or ``max_rounds`` are done. With a
 trace folder, one more call per variant is traced.
+
+No call starts that would not finish in the share, as far as the calls measured so far tell (the
+variant's own last call, else the baseline's): the share is overrun by one call's time at most, and
+a round cut short is dropped whole. A variant whose call raises is reported failed and the others go
+on; the baseline's call raising is MODEL's fault (:class:`~gpuprobe.experiment.faults.ModelFailed`),
+with the rounds measured before it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .apply import Prepared, prepare
+from .faults import CallFailed, ModelFailed
 from .measure import FIGURES, CallFigures, Meter, Syncs, timed
 from .outputs import match, new_tokens
 from .result import VariantResult, WorkloadResult
@@ -46,6 +53,21 @@ class _Entry:
     launches: float | None = None
 
 
+class _SetUpFailed(Exception):
+    """A set-up call raised: which one (``audited call``, ``greedy call``, ``warm-up call``) and how."""
+
+    def __init__(self, call: str, failed: CallFailed) -> None:
+        super().__init__(f"its {call} raised {failed.text}")
+        self.call, self.failed = call, failed
+
+
+def _error_text(exc: Exception) -> str:
+    if isinstance(exc, _SetUpFailed):
+        return f"{exc.failed.text} (its {exc.call})"
+    if isinstance(exc, CallFailed):
+        return exc.text
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
 
 class WorkloadRun:
     """One workload's experiment (see the module docstring); :meth:`run` returns its result."""
@@ -62,28 +84,58 @@ class WorkloadRun:
         self.sampling = is_sampling(model, load.kwargs)
         self.eos = eos_ids(model, load.kwargs)
         self.not_run: list[NotRun] = []
+        self._base: _Entry | None = None
+        # the estimated call time of each variant the budget left out: a round with all of them takes that longer
+        self._left_out_s: list[float] = []
+
+    @property
+    def baseline_s(self) -> float | None:
+        """The time of the baseline's last call (None before one finished): the next workload's first estimate."""
+        return self._base.estimate_s if self._base is not None and self._base.estimate_s > 0 else None
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
 
+    def _fits(self, seconds: float) -> bool:
+        """Whether a call expected to take ``seconds`` finishes within the share."""
+        return self.left() >= seconds
+
     # ------------------------------------------------------------------ set-up: audit, outputs, warm-up
-    def _set_up(self, entry: _Entry) -> None:
+    def _set_up(self, entry: _Entry) -> bool:
+        """The audited call, the greedy one when the baseline samples, the warm-up call; False where the share
+        leaves no room for the next of them (``entry.estimate_s`` is the time of its last call).
+
+        Raises:
+            _SetUpFailed: one of the calls raised.
+        """
         fn, kw = entry.prepared.call_args()
         try:
-            out, audit = self.meter.audit(fn, kw)
+            (out, audit), entry.estimate_s = timed(lambda: self.meter.audit(fn, kw))
+        except CallFailed as exc:
+            raise _SetUpFailed("audited call", exc) from exc.error
         finally:
             entry.prepared.restore()
         entry.syncs, entry.launches = audit.syncs, audit.launches_per_step
         if self.sampling:
+            if not self._fits(entry.estimate_s):
+                return False
             fn, kw = entry.prepared.call_args({"do_sample": False})
             try:
-                out = fn(**kw)
+                out = self.meter.call(fn, kw)[0]
+            except CallFailed as exc:
+                raise _SetUpFailed("greedy call", exc) from exc.error
             finally:
                 entry.prepared.restore()
         entry.output = new_tokens(out, [int(self.load.kwargs["input_ids"].shape[1])] * self.load.batch_size,
                                   self.eos)
-        figures, seconds = timed(lambda: self._call(entry))
+        if not self._fits(entry.estimate_s):
+            return False
+        try:
+            figures, seconds = timed(lambda: self._call(entry))
+        except CallFailed as exc:
+            raise _SetUpFailed("warm-up call", exc) from exc.error
         entry.warm, entry.estimate_s = figures, seconds
+        return True
 
     def _call(self, entry: _Entry) -> CallFigures:
         fn, kw = entry.prepared.call_args()
@@ -92,13 +144,13 @@ class WorkloadRun:
         finally:
             entry.prepared.restore()
 
-    def _try_set_up(self, entry: _Entry) -> bool:
+    def _try_set_up(self, entry: _Entry) -> bool | None:
+        """A variant's set-up: True when done, False when the share left no room for it, None when it failed."""
         try:
-            self._set_up(entry)
-            return True
+            return self._set_up(entry)
         except Exception as exc:  # the variant's own failure: reported, the others go on
-            entry.error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            return False
+            entry.error = _error_text(exc)
+            return None
 
     def _flags(self, base: _Entry) -> dict[tuple[str, str], str]:
         flags: dict[tuple[str, str], str] = {}
@@ -151,10 +203,25 @@ class WorkloadRun:
 
     # ------------------------------------------------------------------ the rounds
     def run(self) -> WorkloadResult:
-        base = _Entry(BASELINE, prepare(BASELINE, self.model, self.load.kwargs))
+        """Set up, run the rounds, trace; returns the workload's result.
+
+        Raises:
+            ModelFailed: the baseline's call raised (MODEL's own error); its ``workload`` holds the rounds
+                measured before it, when there are any.
+        """
+        base = self._base = _Entry(BASELINE, prepare(BASELINE, self.model, self.load.kwargs))
         self.say(f"{self.load.tag}: baseline: audit and warm-up")
-        set_up_s = timed(lambda: self._set_up(base))[1]  # the baseline's own failure is the caller's: it raises
         entries = [base]
+        try:
+            ready, set_up_s = timed(lambda: self._set_up(base))
+        except _SetUpFailed as exc:
+            raise self._failed(exc.failed, f"the baseline's {exc.call}", entries, 0) from exc.failed.error
+        if not ready:  # the baseline's own set-up outlasts the share: nothing else can run
+            for variant in self._candidates(base):
+                self.not_run.append(NotRun(variant.name, "no time left in the budget: the baseline's set-up "
+                                                         "took it (a larger --budget)"))
+                self._left_out_s.append(base.estimate_s)
+            return self._result(entries, 0, "budget")
         for variant in self._candidates(base):
             # room for its set-up, then the fewest rounds (and traces) of everything admitted so far and of it
             need = set_up_s + MIN_ROUNDS * (sum(e.estimate_s for e in entries) + base.estimate_s)
@@ -163,20 +230,33 @@ class WorkloadRun:
             if self.left() < need:
                 self.not_run.append(NotRun(variant.name, f"no time left in the budget for {MIN_ROUNDS} rounds "
                                                          "with it (a larger --budget, or fewer --variants)"))
+                self._left_out_s.append(base.estimate_s)
                 continue
             self.say(f"{self.load.tag}: {variant.name}: audit and warm-up")
             entry = _Entry(variant, self._prepared(variant))
+            if self._try_set_up(entry) is False:
+                self.not_run.append(NotRun(variant.name, f"its audited call took {entry.estimate_s:.2g} s: no time "
+                                                         "left in the budget for its warm-up (a larger --budget)"))
+                self._left_out_s.append(entry.estimate_s)
+                continue
             entries.append(entry)
-            self._try_set_up(entry)
         self._fit(entries)
-        rounds = self._rounds(entries)
+        rounds, ended_by = self._rounds(entries)
         if self.trace_dir is not None:
             traced = [e for e in entries if e.error is None]
-            if rounds and self.left() >= self._trace_time(traced) * 0.5:
+            if rounds:
                 self._traces(traced)
             else:
                 self.not_run.append(NotRun("traces", "no time left in the budget (a larger --budget)"))
-        return self._result(entries, rounds)
+        return self._result(entries, rounds, ended_by)
+
+    def _failed(self, failed: CallFailed, what: str, entries: list[_Entry], rounds: int,
+                in_round: int | None = None) -> ModelFailed:
+        """The baseline's call raised: MODEL's fault, with the rounds measured before it (the round it broke dropped)."""
+        for entry in entries:
+            del entry.calls[rounds:]
+        fault = failed.fault(what, variant=BASELINE.name, workload=self.load.label, round=in_round)
+        return ModelFailed(fault, workload=self._result(entries, rounds, "fault") if rounds else None)
 
     def _fit(self, entries: list[_Entry]) -> None:
         """Leave out the slowest variants while the fewest rounds of all would not fit in the time left."""
@@ -189,25 +269,42 @@ class WorkloadRun:
                 return
             slowest = max(active, key=lambda e: e.estimate_s)
             entries.remove(slowest)
+            self._left_out_s.append(slowest.estimate_s)
             self.not_run.append(NotRun(slowest.variant.name, f"one call takes {slowest.estimate_s:.2g} s: no room "
                                                              f"for {MIN_ROUNDS} rounds of every variant in the budget "
                                                              "(a larger --budget, or fewer --variants)"))
 
-    def _rounds(self, entries: list[_Entry]) -> int:
+    def _rounds(self, entries: list[_Entry]) -> tuple[int, str]:
+        """The rounds; returns how many, and what ended them: ``budget`` or ``max_rounds``.
+
+        Raises:
+            ModelFailed: the baseline's call raised.
+        """
         active = [e for e in entries if e.error is None]
         rounds = 0
         while rounds < self.max_rounds:
             need = sum(e.estimate_s for e in active) + (self._trace_time(active) if self.trace_dir else 0.0)
             if self.left() < need:
-                break
+                return rounds, "budget"
             order = active[rounds % len(active):] + active[: rounds % len(active)]
             for entry in order:
+                if not self._fits(entry.estimate_s):  # calls slower than their estimates ate the round's room
+                    for e in entries:
+                        del e.calls[rounds:]  # a round cut short is no round: its ratios would pair with nothing
+                    return rounds, "budget"
                 try:
                     figures, seconds = timed(lambda: self._call(entry))
+                except CallFailed as exc:
+                    if entry is entries[0]:
+                        raise self._failed(exc, f"the baseline's call in round {rounds + 1}", entries, rounds,
+                                           rounds + 1) from exc.error
+                    entry.error = _error_text(exc)
+                    entry.calls.append(None)
+                    continue
                 except Exception as exc:
                     if entry is entries[0]:
-                        raise  # the baseline's own failure is the caller's
-                    entry.error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                        raise  # gpuprobe's own failure
+                    entry.error = _error_text(exc)
                     entry.calls.append(None)
                     continue
                 entry.estimate_s = max(entry.estimate_s * 0.5, seconds)  # follows the variant's own pace
@@ -215,7 +312,7 @@ class WorkloadRun:
             active = [e for e in active if e.error is None]
             rounds += 1
             self.say(f"{self.load.tag}: round {rounds} done, {self.left():.0f} s left")
-        return rounds
+        return rounds, "max_rounds"
 
     def _trace_time(self, active: list[_Entry]) -> float:
         # a traced call is slower (the profiler's own bookkeeping), and the trace is written after it
@@ -225,12 +322,16 @@ class WorkloadRun:
         assert self.trace_dir is not None
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         for entry in entries:
+            if not self._fits(self._trace_time([entry])):
+                self.not_run.append(NotRun(f"trace of {entry.variant.name}", "no time left in the budget "
+                                                                             "(a larger --budget)"))
+                continue
             path = self.trace_dir / f"{_file_name(entry.variant.name)}.json.gz"
             fn, kw = entry.prepared.call_args()
             try:
                 written = self.meter.trace(fn, kw, path)
             except Exception as exc:
-                written = f"{type(exc).__name__}: {exc}"
+                written = _error_text(exc)
             finally:
                 entry.prepared.restore()
             if isinstance(written, Path):
@@ -239,7 +340,7 @@ class WorkloadRun:
                 self.not_run.append(NotRun(f"trace of {entry.variant.name}", str(written)))
 
     # ------------------------------------------------------------------ the result
-    def _result(self, entries: list[_Entry], rounds: int) -> WorkloadResult:
+    def _result(self, entries: list[_Entry], rounds: int, ended_by: str) -> WorkloadResult:
         base = entries[0]
         base_result = self._figures(base)
         measured = []
@@ -256,7 +357,9 @@ class WorkloadRun:
         measured.sort(key=lambda r: (r.error is not None, -(r.speedup or 0.0)))
         out = WorkloadResult(prompt_len=self.load.prompt_len, batch_size=self.load.batch_size,
                              new_tokens=self.load.new_tokens, sampling=self.sampling, rounds=rounds,
-                             baseline=base_result, variants=measured, not_run=self.not_run)
+                             baseline=base_result, variants=measured, not_run=self.not_run, ended_by=ended_by,
+                             round_s=sum(e.estimate_s for e in entries if e.error is None) + sum(self._left_out_s)
+                             or None)
         winner = out.winner
         if winner is not None and winner.trace and base_result.trace:
             out.diff_command = f"gpuprobe diff {base_result.trace} {winner.trace}"

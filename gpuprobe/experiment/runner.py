@@ -15,11 +15,11 @@ from gpuprobe.config import parse_duration
 from gpuprobe.errors import ConfigError, GpuprobeError
 
 from .apply import Prepared, prepare
+from .faults import ModelFailed
 from .measure import Meter
 from .outputs import match, new_tokens
 from .result import TryResult, WorkloadResult
 from .rounds import WorkloadRun
-from .stats import MIN_ROUNDS
 from .variants import (COPY, GROUPS, Machine, ModelFacts, NotRun, Variant, catalogue, machine_facts,
                        model_facts, wanted)
 from .workloads import Workload, normalize_inputs, workloads
@@ -120,6 +120,9 @@ def try_remedies(model: Any, inputs: Any, *, budget: float | str = 60.0, variant
     Raises:
         ConfigError: bad inputs, an unknown variant, a bad budget; the message names it.
         GpuprobeError: gpuprobe is disabled in this process (GPUPROBE_DISABLE=1): nothing can be measured.
+        ModelFailed: the baseline's call raised (MODEL's own error): its ``fault`` says which call, which
+            round, the exception and the line of your code; its ``partial`` holds the rounds measured before
+            it (None when there were none).
 
     Example:
         >>> from gpuprobe.experiment import render, try_remedies
@@ -153,21 +156,38 @@ def try_remedies(model: Any, inputs: Any, *, budget: float | str = 60.0, variant
         raise ConfigError("no workload fits the model: " + "; ".join(f"{n.name}: {n.reason}" for n in skipped))
     copies, copy_skips = _copies(model, machine, facts, loads[0], asked, extra)
     results: list[WorkloadResult] = []
+    failed: ModelFailed | None = None
     with _instrumented([model] + [p.model for p in copies.values()]):
         meter = Meter(machine.cuda, device=machine.device if machine.cuda else None)
+        first_call_s: float | None = None  # the last workload's baseline call: the next one's first estimate
         try:
             for i, load in enumerate(loads):
                 share = (deadline - time.perf_counter() - _RESERVE_S) / (len(loads) - i)
+                if first_call_s is not None and share < first_call_s:
+                    skipped.append(NotRun(f"prompt {load.prompt_len} × batch {load.batch_size}",
+                                          f"no time left in the budget for its first call (~{first_call_s:.2g} s, "
+                                          "as the previous workload's; a larger --budget)"))
+                    continue
                 say(f"{load.tag}: {share:.0f} s")
-                results.append(WorkloadRun(model, load, facts, machine, meter, asked, extra, copies, copy_skips,
-                                         time.perf_counter() + share, trace_dir, len(loads) > 1, max_rounds,
-                                         say).run())
+                run = WorkloadRun(model, load, facts, machine, meter, asked, extra, copies, copy_skips,
+                                  time.perf_counter() + share, trace_dir, len(loads) > 1, max_rounds, say)
+                try:
+                    results.append(run.run())
+                except ModelFailed as exc:  # MODEL's own error: the rounds before it are kept
+                    failed = exc
+                    if exc.workload is not None:
+                        results.append(exc.workload)
+                    break
+                first_call_s = run.baseline_s
         finally:
             meter.close()
     elapsed = time.perf_counter() - started
-    return TryResult(model=model_label or facts.cls, facts=facts, machine=machine, budget_s=budget_s,
-                     elapsed_s=elapsed, workloads=results, not_run_workloads=skipped,
-                     notes=_notes(machine, results))
+    result = TryResult(model=model_label or facts.cls, facts=facts, machine=machine, budget_s=budget_s,
+                       elapsed_s=elapsed, workloads=results, not_run_workloads=skipped,
+                       notes=_notes(machine, results), fault=failed.fault if failed is not None else None)
+    if failed is not None:
+        raise ModelFailed(failed.fault, partial=result if results else None) from failed.__cause__
+    return result
 
 
 def _copies(model: Any, machine: Machine, facts: ModelFacts, load: Workload, asked: Sequence[str],
@@ -192,7 +212,13 @@ def _copies(model: Any, machine: Machine, facts: ModelFacts, load: Workload, ask
         if room:
             skips.append(NotRun(v.name, room))
             continue
-        out[v.name] = prepare(v, model, load.kwargs)
+        try:
+            out[v.name] = prepare(v, model, load.kwargs)
+        except ConfigError:
+            raise  # the variant's own code fails: the message names it
+        except Exception as exc:  # the model cannot be copied (it holds a lock, a file, a handle)
+            skips.append(NotRun(v.name, f"a copy of the model cannot be made: {type(exc).__name__}: "
+                                        f"{' '.join(str(exc).split())[:200]}"))
     return out, skips
 
 
@@ -219,9 +245,6 @@ def _notes(machine: Machine, results: list[WorkloadResult]) -> list[str]:
         slower = [v.name for v in w.variants if v.verdict == "slower"]
         if slower:
             notes.append(f"{w.label}: slower on this machine: {', '.join(slower)}.")
-        if w.rounds < MIN_ROUNDS:
-            notes.append(f"{w.label}: {w.rounds} round(s) in the budget, fewer than {MIN_ROUNDS}: figures without "
-                         "verdicts (a larger --budget, or fewer variants).")
         differ = [v.name for v in w.variants if v.output is not None and not v.output.identical]
         if differ:
             notes.append(f"{w.label}: greedy output differs from the baseline's with {', '.join(differ)}.")

@@ -39,6 +39,11 @@ class Workload:
     def tag(self) -> str:
         return f"prompt{self.prompt_len}-batch{self.batch_size}"
 
+    @property
+    def label(self) -> str:
+        """How the result names it (:attr:`gpuprobe.experiment.WorkloadResult.label`)."""
+        return f"prompt {self.prompt_len} tokens × batch {self.batch_size}, {self.new_tokens} new tokens"
+
 
 def normalize_inputs(inputs: Any, new_tokens: int | None, default_new_tokens: int = 32) -> dict[str, Any]:
     """``inputs`` as generate() keyword arguments: a dict with ``input_ids`` (a 2-D tensor) and ``max_new_tokens``.
