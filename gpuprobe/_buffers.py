@@ -5,7 +5,9 @@ Two shapes of record, both per thread, so no lock is taken on the hot path:
 - a *record* ``(apply, value)`` in the thread's deque, where ``apply`` is the bound ``apply`` method
   of a series prepared once (``family.child(**labels).apply``) — integrations and slow paths;
 - a bare *value* in a queue that belongs to one series and one thread — the probes' host
-  durations (no tuple per call), aggregated as a sorted batch.
+  durations (no tuple per call), aggregated as a sorted batch. Every probe of one series shares its
+  queues (:meth:`RecordBuffers.series_local`): a name folded into ``other`` adds none, so there are
+  never more queues than series times threads, and a drain costs that, not the names ever seen.
 
 ``deque.append`` and ``popleft`` are atomic, so a drain on another thread never loses or doubles a
 record. Device timings wait in :class:`PendingTimings` until the device has reached their events.
@@ -49,6 +51,7 @@ class RecordBuffers:
         self._tls = threading.local()
         self._threads: list[_ThreadRecords] = []
         self._queues: list[_ValueQueue] = []
+        self._locals: dict[Any, threading.local] = {}  # series -> its queues' holder (one per thread)
         self._lock = threading.Lock()
 
     def for_this_thread(self) -> deque[Record]:
@@ -61,6 +64,15 @@ class RecordBuffers:
             with self._lock:
                 self._threads.append(buf)
             return buf.records
+
+    def series_local(self, child: Any) -> threading.local:
+        """Where each thread's queue of values for ``child`` is kept (``.queue``), shared by every probe
+        of that series; pass it to :meth:`value_queue` when this thread has none yet."""
+        found = self._locals.get(child)
+        if found is None:
+            with self._lock:
+                found = self._locals.setdefault(child, threading.local())
+        return found
 
     def value_queue(self, child: Any, local: threading.local) -> deque[Any]:
         """A new queue of bare values for ``child`` owned by this thread, stored on ``local.queue``."""

@@ -352,6 +352,16 @@ Labels = tuple[tuple[str, str], ...]
 Sink = Callable[[str, Labels, float], None]
 
 
+def label_key(labels: dict[str, Any]) -> Labels:
+    """The key of a series: its label names and values as strings, sorted by name.
+
+    Example:
+        >>> label_key({"probe": "load", "clock": "host"})
+        (('clock', 'host'), ('probe', 'load'))
+    """
+    return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
 class Child:
     """One series: a family plus one set of label values."""
 
@@ -488,11 +498,14 @@ class Family:
     def child(self, **labels: Any) -> Child:
         """The series for these label values (created once; values past the cap fold into ``other``).
 
+        A folded set of values keeps nothing of its own: it is looked up again, under the lock, at each
+        call (a probe or an integration prepares its series once), so no program input grows the family.
+
         Example:
             >>> reg = Registry()
             >>> c = reg.family("gpuprobe.probe.errors").child(probe="load", **{"error.type": "KeyError"})
         """
-        key = tuple(sorted((k, str(v)) for k, v in labels.items()))
+        key = label_key(labels)
         found = self.children.get(key)
         if found is not None:
             return found
@@ -511,26 +524,19 @@ class Family:
             if found is None:
                 found = _CHILD[self.spec.instrument](self, key2)
                 self.children[key2] = found
-            self.children[key] = found
             return found
 
     def forget_values(self) -> None:
         """Forget which label values were seen: values not seen since get series of their own again.
 
-        The series made so far stay (prepared children remain valid); values that had folded into
-        ``other`` stop mapping there, and the cap counts from zero again.
+        The series made so far stay (prepared children remain valid); the cap counts from zero again.
         """
         with self._lock:
             self._seen = {}
-            # A folded value's key maps to the ``other`` child, whose labels differ from that key.
-            self.children = {k: c for k, c in self.children.items() if k == c.labels}
 
     def series(self) -> list[Child]:
-        """Distinct series (a folded key and its original map to one child)."""
-        seen: dict[int, Child] = {}
-        for c in list(self.children.values()):
-            seen.setdefault(id(c), c)
-        return list(seen.values())
+        """Every series (each label set is one key: a folded one is never stored)."""
+        return list(self.children.values())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,6 +67,7 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from . import _sync_audit
+from ._metrics import label_key
 from .errors import ConfigError
 from .runtime import DISABLED_AT_IMPORT, Runtime, on_reconfigure, runtime
 
@@ -157,6 +158,24 @@ def _check(name: Any, kind: Any, attrs: Any, every: Any, sync_audit: Any = False
     return out
 
 
+# The open `async with` blocks of each task, one variable per series (see Probe.__init__); as many as
+# there are series, which max_label_values bounds.
+_tasks_by_series: dict[Any, contextvars.ContextVar[tuple[Any, ...]]] = {}
+_NO_TASKS: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar("gpuprobe:unnamed", default=())
+
+
+def _task_stacks(series: Any) -> contextvars.ContextVar[tuple[Any, ...]]:
+    """The context variable holding each task's open ``async with`` blocks of ``series``' probes."""
+    found = _tasks_by_series.get(series)
+    if found is None:
+        with _sites_lock:
+            found = _tasks_by_series.get(series)
+            if found is None:
+                name = dict(series.labels).get("probe")
+                found = _tasks_by_series[series] = contextvars.ContextVar(f"gpuprobe:{name}", default=())
+    return found
+
+
 _NAMELESS = ("a block needs a name: write 'with probe(\"decode\"):' — probe() without a name only decorates "
              "a function, which names it")
 
@@ -214,7 +233,7 @@ class Probe:
     __slots__ = (
         "name", "kind", "attrs", "every", "memory", "sync_audit", "device_every", "rt", "host", "_b", "_errors",
         "_mem", "_n", "_stack", "_tasks", "_local", "_wrappers", "_syncs", "_dev_n", "_dev_auto", "_dev_count",
-        "_dev_taken", "_dev_t0", "__weakref__",
+        "_dev_taken", "_dev_t0", "_folded", "__weakref__",
     )
 
     def __init__(self, name: str | None, kind: str = "user", attrs: Mapping[str, Any] | None = None,
@@ -236,15 +255,23 @@ class Probe:
         self._syncs: dict[str, Any] = {}  # op name -> gpuprobe.step.syncs series (sync_audit=True)
         self._n = 0
         self._stack = threading.local()  # .frames: this thread's open `with` blocks
-        self._tasks: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(f"gpuprobe:{name}", default=())
-        self._local = threading.local()  # .queue: this thread's queue of host durations
         self._wrappers: list[weakref.ref[Any]] = []
         self._b: _Binding | None = None
         self._mem: dict[str, tuple[Any, Any, Any]] = {}
+        self._folded = False  # its name folded into `other` (past max_label_values): probe() does not keep it
+        self._local: Any = None
+        self._tasks: contextvars.ContextVar[tuple[Any, ...]] = _NO_TASKS
         if name is not None:
             rt = runtime()
             self.rt = rt
-            self.host = rt.family("gpuprobe.probe.duration").child(probe=name, kind=kind, clock="host", **self.attrs)
+            labels = {"probe": name, "kind": kind, "clock": "host", **self.attrs}
+            self.host = rt.family("gpuprobe.probe.duration").child(**labels)
+            self._folded = self.host.labels != label_key(labels)
+            # Per series, not per probe: a queue per thread (.queue, the host durations) and a stack per
+            # task of open `async with` blocks, so a name folded into `other` adds neither (a context
+            # keeps every variable ever set in it).
+            self._local = rt.buffers.series_local(self.host)
+            self._tasks = _task_stacks(self.host)
             self._errors = rt.family("gpuprobe.probe.errors")
             with _sites_lock:
                 self._bind(rt)
@@ -591,6 +618,8 @@ _sites_lock = threading.Lock()
 
 def _rebind_all(rt: Runtime) -> None:
     """Give every prepared probe and generated wrapper the runtime's new backends (see :func:`_wrap_sync`)."""
+    # A reset forgets the label values seen, so a folded name may get a series of its own now.
+    _recent_folded.clear()
     with _sites_lock:
         for site in list(_sites):
             if site.rt is not rt:
@@ -658,19 +687,61 @@ _PARTS = {
 _factories: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
 
+# The names the wrapper's body reads besides its own `_gp_` locals: a parameter of one of these names
+# would hide it, so such a function gets the (*args, **kwargs) wrapper.
+_BODY_NAMES = frozenset({"_on", "_is_compiling", "perf_counter_ns", "BaseException", "AttributeError", "len"})
+
+
+def _code_signature(fn: types.FunctionType) -> inspect.Signature:
+    """The parameters ``fn``'s code takes, with its defaults: what a call binds to, whatever its
+    ``__signature__`` declares (a declared signature describes the function, it does not change how a
+    call binds, so copying it would change the call).
+
+    Raises:
+        ValueError: the code's parameters cannot be written as a signature (defaults that do not fit).
+    """
+    code = fn.__code__
+    names = code.co_varnames
+    positional = code.co_argcount
+    keyword_only = code.co_kwonlyargcount
+    positional_only = code.co_posonlyargcount
+    defaults = fn.__defaults__ or ()
+    kwdefaults = fn.__kwdefaults__ or {}
+    if len(defaults) > positional:
+        raise ValueError("more defaults than positional parameters")
+    empty = inspect.Parameter.empty
+    first_default = positional - len(defaults)
+    params = []
+    for i in range(positional):
+        kind = inspect.Parameter.POSITIONAL_ONLY if i < positional_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        default = defaults[i - first_default] if i >= first_default else empty
+        params.append(inspect.Parameter(names[i], kind, default=default))
+    at = positional + keyword_only
+    if code.co_flags & inspect.CO_VARARGS:
+        params.append(inspect.Parameter(names[at], inspect.Parameter.VAR_POSITIONAL))
+        at += 1
+    for name in names[positional:positional + keyword_only]:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=kwdefaults.get(name, empty)))
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        params.append(inspect.Parameter(names[at], inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
 def _signature_source(fn: Callable[..., Any]) -> tuple[str, str, tuple[Any, ...], dict[str, Any]]:
-    """The wrapper's parameter list and call expression, copying ``fn``'s own signature.
+    """The wrapper's parameter list and call expression, copying the parameters of ``fn``'s code.
 
     Why: a ``(*args, **kwargs)`` wrapper costs ~180 ns per call in packing and unpacking; one with
     the same parameters as ``fn`` costs ~45 ns (measured on CPython 3.11), which is what keeps a
-    run-time-disabled probe within 100 ns of a bare call.
+    run-time-disabled probe within 100 ns of a bare call. The parameters are the code's, never a
+    declared ``__signature__`` (see :func:`_code_signature`): the wrapper passes them on as ``fn``
+    receives them, so a call binds as it would to ``fn`` itself.
     """
     generic: tuple[str, str, tuple[Any, ...], dict[str, Any]] = ("*_gp_args, **_gp_kwargs", "*_gp_args, **_gp_kwargs", (), {})
-    if not inspect.isfunction(fn):
+    if not isinstance(fn, types.FunctionType):
         return generic
     try:
-        sig = inspect.signature(fn, follow_wrapped=False)
-    except (TypeError, ValueError):
+        sig = _code_signature(fn)
+    except (TypeError, ValueError, AttributeError, IndexError):
         return generic
     params: list[str] = []
     call: list[str] = []
@@ -680,7 +751,7 @@ def _signature_source(fn: Callable[..., Any]) -> tuple[str, str, tuple[Any, ...]
     positional_only = False
     for p in sig.parameters.values():
         name = p.name
-        if name.startswith("_gp_") or not name.isidentifier():
+        if name.startswith("_gp_") or not name.isidentifier() or name in _BODY_NAMES:
             return generic
         if p.kind is not p.POSITIONAL_ONLY and positional_only:
             params.append("/")
@@ -741,7 +812,8 @@ def _build(fn: Callable[..., Any], site: Probe, params: str, call: str, defaults
         # The factory's globals are this module's, so `_on` and `_is_compiling` are read live.
         exec(compile(source, f"<gpuprobe wrapper {fn.__qualname__}>", "exec"), globals(), namespace)
         factory = namespace["_gp_factory"]
-        _factories[key] = factory
+        if len(_factories) < 1024:  # one per parameter list and parts: code's, but never without limit
+            _factories[key] = factory
     return factory(fn, site, defaults, kwdefaults, site._local, b.limit)  # type: ignore[no-any-return]
 
 
@@ -891,17 +963,36 @@ def probe(name: Any = None, /, *, kind: str = "user", attrs: Mapping[str, Any] |
     # its series on every pass (~5 us); a dict hit is ~0.2 us.
     try:
         key = (name, kind, tuple(sorted(attrs.items())) if attrs else (), every, memory, sync_audit, device_every)
-        found = _cache.get(key)
+        found = _cache.get(key) or _recent_folded.get(key)
     except (TypeError, AttributeError):  # bad attrs: let _check name the problem
         key, found = None, None
     if found is None:
         found = Probe(name, kind, attrs, every, memory, sync_audit, device_every)
-        if key is not None and len(_cache) < 10_000:
-            _cache[key] = found
+        if key is not None:
+            if not found._folded:
+                if len(_cache) < 10_000:
+                    _cache[key] = found
+            else:
+                _keep_folded(key, found)
     return found
 
 
 _cache: dict[Any, Probe] = {}
+# Names folded into `other` are not kept in _cache (the names a program makes up would fill it): only the
+# last _RECENT_FOLDED of them. Why any: a `with` block over a name prepared anew costs ~12 us against
+# ~2 us over a kept one (measured on CPython 3.11), and a loop over one folded name would pay it every pass.
+_recent_folded: dict[Any, Probe] = {}
+_RECENT_FOLDED = 256
+
+
+def _keep_folded(key: Any, site: Probe) -> None:
+    """Keep ``site`` among the recent folded probes, forgetting the oldest when there are too many."""
+    try:
+        while len(_recent_folded) >= _RECENT_FOLDED:
+            del _recent_folded[next(iter(_recent_folded))]
+    except (KeyError, RuntimeError, StopIteration):  # another thread forgot it first
+        pass
+    _recent_folded[key] = site
 
 
 class _DisabledProbe:

@@ -92,7 +92,9 @@ class RequestSeries:
         the values come from code: exception class names and a fixed set of statuses)."""
         found = self._errors.get(error_type)
         if found is None:
-            found = self._errors[error_type] = self._request.child(**self.labels, **{"error.type": error_type}).apply
+            found = self._request.child(**self.labels, **{"error.type": error_type}).apply
+            if len(self._errors) < 64:  # bounded like the series: a program's error types never grow it
+                self._errors[error_type] = found
         return found
 
 
