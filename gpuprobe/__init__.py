@@ -15,7 +15,7 @@ transformers are each imported by one module, when used.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _autostart, memory
 from .config import Config
@@ -24,6 +24,11 @@ from ._probe import Probe, disable, enable, is_enabled, probe
 from ._version import __version__
 from .runtime import collect
 
+if TYPE_CHECKING:  # the exporter imports prometheus_client, an optional dependency: named for types only
+    from ._lifecycle import Owner
+    from .exporters.prometheus import Limits, Server
+    from .runtime import Runtime
+
 __all__ = [
     "probe", "Probe", "serve", "configure", "profile", "enable", "disable", "is_enabled", "info", "summary", "step",
     "collect",
@@ -31,19 +36,46 @@ __all__ = [
 ]
 
 
-def serve(port: int | None = None, addr: str | None = None) -> Any:
-    """Serve metrics for Prometheus at ``http://addr:port/metrics`` (127.0.0.1:9464 by default).
+def serve(port: int | None = None, addr: str | None = None, *, runtime: Runtime | None = None,
+          owner: Owner = "user", limits: Limits | None = None, in_process: bool = False) -> Server:
+    """Serve gpuprobe's metrics for Prometheus at ``http://addr:port/metrics`` (127.0.0.1:9464 by
+    default), and the live page at ``http://addr:port/``; needs ``gpuprobe[prometheus]``.
 
-    See :func:`gpuprobe.exporters.prometheus.serve`; needs ``gpuprobe[prometheus]``.
+    Every argument is passed to :func:`gpuprobe.exporters.prometheus.serve`, which takes the same ones.
+
+    Args:
+        port: TCP port; default the ``prometheus_port`` setting (``GPUPROBE_PROMETHEUS_PORT``) or 9464.
+            Under torchrun, ``LOCAL_RANK`` is added (one port per local rank) unless
+            ``port_by_local_rank`` (``GPUPROBE_PORT_BY_LOCAL_RANK``) is off. Port 0 picks a free port.
+        addr: address to bind; default ``127.0.0.1`` (``GPUPROBE_PROMETHEUS_ADDR``).
+        runtime: the runtime to serve (the process's by default).
+        owner: ``"user"`` (kept across ``configure()``) or ``"settings"`` (started by the settings).
+        limits: how much the server may take from the program
+            (:class:`gpuprobe.exporters.prometheus.Limits`: threads, requests waiting, connections, read
+            timeout, listen backlog, CPU share); the defaults suit a Prometheus scraping every few seconds.
+        in_process: answer the port from the program's own threads. By default a front process of its
+            own answers it, and the program answers it only where that process cannot start (it warns
+            once then). The endpoint works the same either way.
+
+    Returns:
+        A handle on the running endpoint (``.url``, ``.page_url``, ``.close()``); a new handle on the
+        same endpoint if this process already serves there. Every handle is closed by
+        ``gpuprobe.testing.reset()`` and at exit.
+
+    Raises:
+        ConfigError: the port is in use or the address cannot be bound; the message names both and
+            the setting.
 
     Example:
         >>> import gpuprobe
-        >>> server = gpuprobe.serve(port=0)
+        >>> server = gpuprobe.serve(port=0, in_process=True)
+        >>> server.url.startswith("http://127.0.0.1:")
+        True
         >>> server.close()
     """
     from .exporters.prometheus import serve as _serve
 
-    return _serve(port, addr)
+    return _serve(port, addr, runtime=runtime, owner=owner, limits=limits, in_process=in_process)
 
 
 class _Unchanged:

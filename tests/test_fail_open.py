@@ -5,8 +5,8 @@ package is imported, so a seam declared anywhere is a row here, and a seam witho
 the table. For each seam, gpuprobe's own work inside it is made to raise while a real workload runs
 through it (a tiny Llama's ``generate()`` in several modes, ``generate_batch`` with preemption, a CUDA
 graph capture and a sync audit on the simulated CUDA, ``gpuprobe run``'s start-up hook, the
-OpenTelemetry instrumentor); the workload's results must equal those of the same workload without
-gpuprobe, the seam must switch itself off (with the others of its group), say so in ``info()``, count
+OpenTelemetry instrumentor, a model pickled and copied); the workload's results must equal those of the
+same workload without gpuprobe, the seam must switch itself off (with the others of its group), say so in ``info()``, count
 ``gpuprobe.seam.disabled`` once and warn once.
 
 The faults are injected with :func:`gpuprobe.testing.seam_fault` for seams built from the seam
@@ -17,8 +17,11 @@ calls (``BREAKERS``).
 from __future__ import annotations
 
 import ast
+import copy
 import importlib
 import inspect
+import io
+import pickle
 import pkgutil
 import warnings
 from collections.abc import Callable
@@ -121,6 +124,20 @@ def _generate_workload(model: Any) -> list[Any]:
     return out
 
 
+def _pickle_workload(model: Any) -> list[Any]:
+    """After a generate() call, the model pickled, saved with torch.save, deep- and shallow-copied: each
+    copy generates."""
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    out = [model.generate(ids, max_new_tokens=4, do_sample=False).tolist()]
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    saved.seek(0)
+    for other in (pickle.loads(pickle.dumps(model)), torch.load(saved, weights_only=False), copy.deepcopy(model),
+                  copy.copy(model)):
+        out.append(other.generate(ids, max_new_tokens=4, do_sample=False).tolist())
+    return out
+
+
 def _batch_workload(model: Any) -> list[Any]:
     """generate_batch with more requests than the paged cache holds (preemption), and a cancelled request."""
     gen = transformers.GenerationConfig(max_new_tokens=24, do_sample=False, eos_token_id=-1, pad_token_id=0)
@@ -167,6 +184,10 @@ def _run_model(workload: Callable[[Any], list[Any]], instrumented: bool, cls_wid
 
 def _run_generate(instrumented: bool, cls_wide: bool = False) -> list[Any]:
     return _run_model(_generate_workload, instrumented, cls_wide)
+
+
+def _run_pickle(instrumented: bool, cls_wide: bool = False) -> list[Any]:
+    return _run_model(_pickle_workload, instrumented, cls_wide)
 
 
 def _run_batch(instrumented: bool, cls_wide: bool = False) -> list[Any]:
@@ -233,6 +254,7 @@ def _run_otel(instrumented: bool) -> list[Any]:
 
 SCENARIOS: dict[str, Callable[..., list[Any]]] = {
     "generate": _run_generate,
+    "pickle": _run_pickle,
     "generate_batch": _run_batch,
     "cuda_graph": _run_cuda_graph,
     "sync_audit": _run_sync_audit,

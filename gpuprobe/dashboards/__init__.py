@@ -45,7 +45,13 @@ from .files import DASHBOARD_DIR, PROMETHEUS_DIR, dashboard_files, prometheus_fi
 from .grafana import fill, is_gpu_only, json_panels, no_data_reason, regex_any, render
 from .model import GPU_ONLY, NO_DATA_REASONS, Dashboard, NoData, Panel, Row, Target
 from .panels import dashboards, overview, ranks
-from .prometheus_api import Prometheus, PrometheusError, PrometheusUnreachableError
+from .prometheus_api import (
+    MAX_ANSWER_BYTES,
+    Prometheus,
+    PrometheusAnswerError,
+    PrometheusError,
+    PrometheusUnreachableError,
+)
 from .prometheus_config import DEFAULT_PORT, scrape_config
 from .promql import InvalidQueryError, check_queries, check_rules, metric_names
 from .rules import (
@@ -107,6 +113,8 @@ __all__ = [
     "Prometheus",
     "PrometheusError",
     "PrometheusUnreachableError",
+    "PrometheusAnswerError",
+    "MAX_ANSWER_BYTES",
     "QueryResult",
     "variable_values",
     "verify",

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from ..errors import ConfigError, GpuprobeError
 from .doc_tables import gpu_panels_table, mapping_table
 from .files import DASHBOARD_DIR, PROMETHEUS_DIR, dashboard_files, differences, prometheus_files, write_files
-from .prometheus_api import PrometheusError
+from .prometheus_api import PrometheusAnswerError, PrometheusError
 from .prometheus_config import DEFAULT_PORT, scrape_config
 from .promql import check_queries, check_rules
 from .rules import alert_rules, recording_rules
@@ -22,7 +22,7 @@ from .yaml_emit import to_yaml
 
 __all__ = ["main"]
 
-PROG = "python -m gpuprobe dashboard"
+PROG = "gpuprobe dashboard"
 PROMETHEUS_SUBDIR = "prometheus"
 """Where under ``--out`` the Prometheus files go when ``--prometheus-out`` is not given."""
 
@@ -133,12 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m gpuprobe dashboard``: write, check, print a scrape configuration, or verify.
 
     Returns:
-        0 on success, 1 when a check or verification fails or Prometheus cannot be asked, 2 on bad
-        arguments or a missing dependency (each with a one-line message on stderr).
+        0 on success, 1 when a check or verification fails or Prometheus cannot be reached, 2 on bad
+        arguments, a missing dependency, or an answer at the ``--verify`` URL that is not a Prometheus
+        API answer (each with a one-line message on stderr).
 
     Example:
         >>> main(["--ranks", "many"])  # doctest: +SKIP
-        gpuprobe dashboard: argument --ranks: invalid int value: 'many' (see python -m gpuprobe dashboard --help)
+        gpuprobe dashboard: argument --ranks: invalid int value: 'many' (see gpuprobe dashboard --help)
         2
     """
     try:
@@ -161,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         _write("--out", args.out, boards)
         _write("--prometheus-out", args.prometheus_out, prom_files)
         return 0
+    except PrometheusAnswerError as exc:  # the URL is not that of a Prometheus: bad input, like a bad flag
+        print(f"gpuprobe dashboard: --verify: {exc}", file=sys.stderr)
+        return 2
     except PrometheusError as exc:
         print(f"gpuprobe dashboard: {exc}", file=sys.stderr)
         return 1

@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import ConfigError
 from .model import NO_DATA_REASONS
 from .grafana import fill, is_gpu_only, json_panels, label_values_query, no_data_reason, regex_any
-from .prometheus_api import Prometheus, PrometheusError, PrometheusUnreachableError
+from .prometheus_api import Prometheus, PrometheusAnswerError, PrometheusError, PrometheusUnreachableError
 
 __all__ = ["QueryResult", "variable_values", "verify", "summary"]
 
@@ -103,6 +103,9 @@ def verify(prom: Prometheus | str, dashboards_json: Iterable[Mapping[str, Any]],
 
     Raises:
         PrometheusUnreachableError: Prometheus cannot be reached; the message names the URL.
+        PrometheusAnswerError: what answers at the URL is not a Prometheus API answer (larger than
+            :data:`~.prometheus_api.MAX_ANSWER_BYTES`, not JSON, nested too deeply, JSON of another
+            shape); the message names the URL and what was wrong.
         ConfigError: a chosen value is not offered by the variable's query.
 
     Example:
@@ -131,8 +134,8 @@ def verify(prom: Prometheus | str, dashboards_json: Iterable[Mapping[str, Any]],
                 try:
                     found = sum(1 for s in client.query(expr) if _finite(s))
                     error = None
-                except PrometheusUnreachableError:
-                    raise
+                except (PrometheusUnreachableError, PrometheusAnswerError):
+                    raise  # not one query's failure: the server cannot be asked, or is not Prometheus
                 except PrometheusError as exc:
                     found, error = 0, str(exc)
                 results.append(QueryResult(str(board.get("uid")), str(panel.get("title")),

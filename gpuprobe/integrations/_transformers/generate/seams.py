@@ -19,8 +19,13 @@ Every seam (:mod:`gpuprobe._seams`) is looked up on the instance by transformers
 so each is installed as an instance attribute: a method bound to the model whose function reads the
 model's state from ``model.__dict__``, runs the original once with the arguments as passed, and keeps
 gpuprobe's work in guarded hooks (its failure switches the loop's seams off, never the program).
-``copy.deepcopy`` rebinds such methods to the copy, and the state deep-copies (and pickles) to ``None``,
-so a copy of an instrumented model is a plain, uninstrumented model.
+What pickle, ``torch.save`` and ``copy`` see of an instrumented model is what they would see without
+gpuprobe: one more seam, on the model's ``__getstate__`` (:data:`SEAM_PICKLED_STATE`), leaves gpuprobe's
+attributes (its state and these seams, this one included) out of the state they take, or puts back the
+model's own attribute a seam stands in front of. A checkpoint of an instrumented model so loads where
+gpuprobe is not installed, as a plain model, and the model in the program stays instrumented. Should that
+seam be off, the state still pickles to ``None`` and each seam to a lookup of the method by its name
+(``getattr``): the copy loads without gpuprobe too, its leftover attributes passing through to its class.
 
 A hook gets the model's :class:`~.state.ModelState` as its first argument (the seam reads it from
 ``model.__dict__[STATE_KEY]``); what the hooks call on it lives in :mod:`.steps` (the step machine),
@@ -43,7 +48,7 @@ from .... import _seams
 from ..compat import check_version, loop_rows, model_output_cache, peer_finished, read_loop
 
 __all__ = ["STATE_KEY", "METHOD_SEAMS", "MethodSeam", "GROUP_CALL", "GROUP_STEPS", "SEAM_PROCESSOR", "SEAM_CRITERION",
-           "SEAM_STREAMER", "fit_method_seams"]
+           "SEAM_STREAMER", "SEAM_PICKLED_STATE", "fit_method_seams"]
 
 STATE_KEY = "_gpuprobe_state"
 
@@ -72,6 +77,12 @@ SEAM_STOPPING = _method_seam("_get_stopping_criteria", "stopping_criteria")
 SEAM_COMPILED = _method_seam("get_compiled_call", "compiled_call")
 SEAM_CONTINUOUS = _method_seam("init_continuous_batching", "continuous_batching",
                                group="transformers.continuous_batching", scenario="generate_batch")
+SEAM_PICKLED_STATE = _seams.declare(
+    "transformers.generate.pickled_state", library="torch", attribute="__getstate__", scenario="pickle",
+    target="__getstate__ of each instrumented model (nn.Module's: what pickle, torch.save and copy take); "
+           "gpuprobe's attributes are left out of the state it returns")
+"""Its own group: when it fails, a pickled model carries gpuprobe's attributes (still loadable without
+gpuprobe, see the module docstring), and generate() stays measured."""
 
 # What transformers calls inside a step, timed for one call: their stand-ins are in .timed and .streamer.
 SEAM_PROCESSOR = _seams.declare(
@@ -195,6 +206,25 @@ def _continuous_after(state: Any, token: None, manager: Any, error: BaseExceptio
         state.observe_manager(manager)
 
 
+def _pickled_state_after(state: Any, token: None, pickled: Any, error: BaseException | None) -> None:
+    # nn.Module.__getstate__ returns a copy of the instance's __dict__ (pickle's protocol 2+, torch.save,
+    # copy.copy and copy.deepcopy all take it): gpuprobe's attributes are taken out of that copy.
+    if error is not None:
+        return
+    model = state.model()
+    found = pickled[0] if isinstance(pickled, tuple) and pickled else pickled  # (dict, slots) of a slotted class
+    if not isinstance(found, dict) or model is None or found is getattr(model, "__dict__", None):
+        return  # not a copy (a class's own __getstate__ handing out its live __dict__): left as it is
+    found.pop(STATE_KEY, None)
+    for patch in state.patches:
+        name = patch.seam.attribute
+        if name is not None and patch.replacement is not None and found.get(name) is patch.replacement:
+            if patch.previous is _seams.MISSING:
+                del found[name]
+            else:
+                found[name] = patch.previous  # the model's own attribute, that the seam runs in front of
+
+
 class MethodSeam:
     """A seam on a method transformers looks up on the model instance, and its hooks."""
 
@@ -216,7 +246,9 @@ class MethodSeam:
         """The function to bind to instances of ``cls`` (cached per class)."""
         key = (cls, self.seam.name)
         fn = _replacements.get(key)
-        if fn is None:
+        # Made again when the class's method changed since (patched, then put back): the replacement shows
+        # the method it stands for (name, signature), and a model pickled with its seams reads that name.
+        if fn is None or fn.__wrapped__ != _seams.unwrapped(cls, self.attribute):
             fn = _replacements[key] = _seams.wrap_method(self.seam, cls, STATE_KEY, self.before, self.after)
         return fn
 
@@ -234,6 +266,7 @@ METHOD_SEAMS = (
     MethodSeam(SEAM_CANDIDATES, _candidates_before, _candidates_after, required=False,
                optional_reads=("input_ids", "generation_config", "logits_processor")),
     MethodSeam(SEAM_CONTINUOUS, after=_continuous_after, required=False),
+    MethodSeam(SEAM_PICKLED_STATE, after=_pickled_state_after, required=False),
 )
 """The seams :func:`~gpuprobe.integrations.transformers.instrument` installs on a model, in order."""
 

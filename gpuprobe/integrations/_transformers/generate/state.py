@@ -5,8 +5,9 @@ What a seam (:mod:`.seams`) finds in ``model.__dict__[STATE_KEY]``. A ``generate
 (:meth:`ModelState.end_call`: request duration, token usage, time per output token, the last gauges)
 here; its steps run in :mod:`.steps`.
 
-``copy.deepcopy`` and pickling of a model turn its state into ``None``: a copy of an instrumented model is
-a plain, uninstrumented model (its seams pass through).
+Pickling and copies of a model leave its state out (the seam on ``__getstate__``, :mod:`.seams`); where
+that seam is off, the state deep-copies and pickles to ``None`` (``NoneType()``, nothing of gpuprobe to
+import when loaded): a copy of an instrumented model is a plain, uninstrumented model.
 """
 
 from __future__ import annotations
@@ -43,10 +44,6 @@ from .timed import ElementTiming
 from .utilization import Utilization
 
 __all__ = ["ModelState"]
-
-
-def _none() -> None:
-    return None
 
 
 class ModelState(StepMachine, LayerTiming, ElementTiming):
@@ -301,4 +298,4 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         return None
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
-        return (_none, ())
+        return (type(None), ())  # NoneType() is None: loading imports nothing of gpuprobe
