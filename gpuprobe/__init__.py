@@ -7,6 +7,7 @@ The public API is small:
 - :func:`enable` / :func:`disable` — the run-time switch; :func:`info` — which backends are active;
 - :func:`step` — count a generation step (profile windows, snapshot triggers); :func:`collect`;
 - :func:`summary` — a readable table of the run so far;
+- :func:`requests` — the records of the last requests; :func:`catch_requests` — the records of a block's;
 - :mod:`gpuprobe.memory` — readings and snapshots; :mod:`gpuprobe.testing` — helpers for tests.
 
 The root package imports no optional dependency: ``nvtx``, ``prometheus_client``, OpenTelemetry and
@@ -21,6 +22,7 @@ from . import _autostart, memory
 from .config import Config
 from .errors import ConfigError, GpuprobeError, MissingDependencyError
 from ._probe import Probe, disable, enable, is_enabled, probe
+from ._requests import RequestRecord, catch_requests
 from ._version import __version__
 from .runtime import collect
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:  # the exporter imports prometheus_client, an optional depende
 
 __all__ = [
     "probe", "Probe", "serve", "configure", "profile", "enable", "disable", "is_enabled", "info", "summary", "step",
-    "collect",
+    "collect", "requests", "catch_requests", "RequestRecord",
     "memory", "Config", "GpuprobeError", "ConfigError", "MissingDependencyError", "__version__",
 ]
 
@@ -245,6 +247,22 @@ def summary() -> Any:
     from ._summary import summary as _summary
 
     return _summary()
+
+
+def requests() -> list[RequestRecord]:
+    """The records of the most recent finished requests, oldest first: one per ``generate()`` call and one
+    per continuous-batching request (at most the ``requests_kept`` setting, 1,000 by default). Each is a
+    :class:`RequestRecord` (``.as_dict()``): TTFT, queue, prefill, decode, tokens, syncs, device time and,
+    under continuous batching, its share of the GPU; never prompt text or token ids (docs/requests.md).
+
+    Example:
+        >>> import gpuprobe
+        >>> [r.request_id for r in gpuprobe.requests()] == [r.request_id for r in gpuprobe.requests()]
+        True
+    """
+    from .runtime import runtime
+
+    return runtime().requests.finished()
 
 
 def step() -> int:

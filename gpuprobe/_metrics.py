@@ -271,6 +271,14 @@ SPECS: dict[str, MetricSpec] = dict(
               attributes=(MODEL,)),
         _spec("gpuprobe.requests.finished", "counter", "{request}", "Serving: requests that ended, by finish reason",
               attributes=(MODEL, Attribute("finish_reason", values=("stop", "length", "cancelled", "failed")))),
+        _spec("gpuprobe.prefix_cache.queries", "counter", "{request}",
+              "Serving: requests that ended while prefix sharing was on (each looked its prompt up among the "
+              "cached blocks)", attributes=(MODEL,)),
+        _spec("gpuprobe.prefix_cache.hits", "counter", "{request}",
+              "Serving: of those, the requests whose prompt began with blocks already in the cache (hit rate = "
+              "hits ÷ queries)", attributes=(MODEL,)),
+        _spec("gpuprobe.prefix_cache.tokens", "counter", "{token}",
+              "Serving: prompt tokens read from shared blocks instead of computed", attributes=(MODEL,)),
         _spec("gpuprobe.kv_cache.usage", "gauge", "1", "Serving: fraction of the paged KV cache's blocks in use",
               attributes=(MODEL,)),
         _spec("gpuprobe.kv_cache.blocks", "gauge", "{block}", "Serving: paged KV cache blocks in use, and in all",

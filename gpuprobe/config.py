@@ -426,6 +426,20 @@ class Config:
         "GPU health gauges from NVML (utilization, memory, SM clock, power, temperature, throttling; SM and "
         "tensor-core activity on GPUs with GPM) for every GPU the process can see, read on the background thread "
         "every `collect_interval`; needs `gpuprobe[nvml]` (docs/gpu.md)")
+    requests_kept: int = _setting(
+        "GPUPROBE_REQUESTS_KEPT", _int(0, 1_000_000), 1000,
+        "records of finished requests kept in memory, the newest (`gpuprobe.requests()`, `/requests`; "
+        "docs/requests.md); 0: none")
+    slo_ttft: float | None = _setting(
+        "GPUPROBE_SLO_TTFT", _duration, None,
+        "a request meets its service-level goal only if its time to first token is at most this (250ms, 0.25); "
+        "counted in `gpuprobe.requests.slo` (docs/requests.md)", optional=True)
+    slo_tpot: float | None = _setting(
+        "GPUPROBE_SLO_TPOT", _duration, None,
+        "... and its time per output token at most this (50ms)", optional=True)
+    slo_e2e: float | None = _setting(
+        "GPUPROBE_SLO_E2E", _duration, None,
+        "... and its whole duration at most this (10s)", optional=True)
     log_interval: float | None = _setting(
         "GPUPROBE_LOG_INTERVAL", _seconds(86400), None,
         "log one line every this many seconds with what happened since the last one (requests, tokens/s, TTFT and "

@@ -10,6 +10,7 @@ part                what it is
 ``pending``         device timings waiting for the device (:class:`~gpuprobe._buffers.PendingTimings`)
 ``steps``           the step clock and its hooks (:mod:`gpuprobe._steps`)
 ``lifecycle``       exporters, closeables, the background thread, exit and fork (:mod:`gpuprobe._lifecycle`)
+``requests``        finished requests' records and the sources of running ones (:mod:`gpuprobe._requests`)
 ==================  =======================================================================
 
 How a record flows: a probe or an integration appends to its thread's buffer (no lock) → a
@@ -44,6 +45,7 @@ from ._buffers import PendingTimings, Record, RecordBuffers
 from ._capture import CaptureGuard
 from ._lifecycle import Closeable, Exporter, Lifecycle, Owner
 from ._metrics import Family, MetricData, Registry, Sink
+from ._requests import RequestLog
 from ._steps import StepClock, StepHook
 from ._sync_audit import SyncSites
 
@@ -96,6 +98,7 @@ class Runtime:
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
         self.sync_sites = SyncSites(self.warn_once)  # where the sync audit first saw each sync (info())
+        self.requests = RequestLog(settings.requests_kept)  # records of finished requests (gpuprobe.requests())
         self._backends: Backends | None = None
         self._generation = 0
         self._device_label: str | None = None
@@ -147,6 +150,7 @@ class Runtime:
             self._settings = settings
             self.buffer_size = settings.buffer_size
             self.registry.max_label_values = settings.max_label_values
+            self.requests.resize(settings.requests_kept)
             self.lifecycle.set_interval(settings.collect_interval)
             self._backends = None
             self._pick()
@@ -385,6 +389,7 @@ class Runtime:
             with self._warn_lock:
                 self._warned.clear()
             self.sync_sites.clear()
+            self.requests.clear()
             _seams.reset()  # every seam that switched itself off is on again
             self._device_label = None
             self.settings_problems.clear()
@@ -409,6 +414,7 @@ class Runtime:
         self.lock = threading.RLock()
         self._warn_lock = threading.Lock()
         self.sync_sites.reset_after_fork()
+        self.requests.clear()  # the parent's requests
         self.capture.reset_after_fork()
         self.buffers.reset_after_fork()
         self.pending.clear()  # the parent's events: CUDA cannot be used in a forked child anyway

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..runtime import Runtime
 
-__all__ = ["MODEL_LABEL", "OPERATION", "DecodeSpan", "RequestSeries", "StepSeries", "genai_labels",
+__all__ = ["MODEL_LABEL", "OPERATION", "DecodeSpan", "DeviceTally", "RequestSeries", "StepSeries", "genai_labels",
            "time_per_output_token_ns"]
 
 # OpenTelemetry GenAI semantic conventions: generation from token ids is a text completion.
@@ -98,21 +98,68 @@ class RequestSeries:
         return found
 
 
+class DeviceTally:
+    """One request's device time: the sum of its steps' device spans, once every one of them is read.
+
+    The request's steps each count one span (:meth:`expect`, on the step's thread: an integer added); the
+    spans' targets (:class:`DecodeSpan` with ``tally=``) add theirs when the runtime reads the events; the
+    request's end says where the total goes (:meth:`deliver`), which is called when the last span is in.
+
+    Example:
+        >>> got = []
+        >>> tally = DeviceTally()
+        >>> tally.expect(); tally.expect()
+        >>> tally.deliver(got.append)
+        >>> tally.add(3); tally.add(4)
+        >>> got
+        [7]
+    """
+
+    __slots__ = ("ns", "expected", "read", "_to")
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self.expected = 0
+        self.read = 0
+        self._to: Any = None
+
+    def expect(self) -> None:
+        self.expected += 1
+
+    def add(self, ns: int) -> None:
+        self.ns += ns
+        self.read += 1
+        if self._to is not None and self.read >= self.expected:
+            to, self._to = self._to, None
+            to(self.ns)
+
+    def deliver(self, to: Any) -> None:
+        """Call ``to(total ns)`` once every expected span is read (now, if they are)."""
+        if self.expected and self.read >= self.expected:
+            to(self.ns)
+        elif self.expected:
+            self._to = to
+
+
 class DecodeSpan:
     """A decoding step's device span as a record target: the step's device series once, and the device
     inter-token latency once for each of the ``tokens`` output tokens (after a request's first) that the
     step's forward selected. An integration that may undo a step's token (generate()'s deferred stop check) sets ``tokens`` to 0 on
-    its own copy when the token turns out not to be an output token."""
+    its own copy when the token turns out not to be an output token. ``tally``: the request's
+    :class:`DeviceTally`, which the span is added to."""
 
-    __slots__ = ("step", "itl", "tokens")
+    __slots__ = ("step", "itl", "tokens", "tally")
 
-    def __init__(self, step: Any, itl: Any, tokens: int = 1) -> None:
+    def __init__(self, step: Any, itl: Any, tokens: int = 1, tally: DeviceTally | None = None) -> None:
         self.step = step  # the device step series of the step's phase
         self.itl = itl  # the device inter-token series (a histogram child)
         self.tokens = tokens
+        self.tally = tally
 
     def apply(self, ns: int) -> None:
         self.step.apply(ns)
+        if self.tally is not None:
+            self.tally.add(ns)
         tokens = self.tokens
         if tokens == 1:
             self.itl.apply(ns)

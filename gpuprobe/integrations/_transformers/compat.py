@@ -20,10 +20,11 @@ from ...errors import GpuprobeError, missing
 __all__ = ["SUPPORTED_VERSIONS", "TESTED_VERSION", "UnsupportedVersionError", "UnsupportedModelError",
            "import_transformers", "parse_version", "check_version", "check_model", "fits", "input_device",
            "input_tokens", "input_width", "read_loop", "peer_finished", "steps_undone", "loop_rows", "speculative_method",
-           "draft_length", "decoding_module", "model_output_cache", "cache_bytes",
+           "draft_length", "decoding_module", "model_output_cache", "cache_bytes", "concatenating_cache_layers",
            "model_names", "is_encoder_decoder", "device_map_devices", "block_class_names", "text_config_fields",
            "output_embeddings", "computes_all_logits", "stock_criteria_call",
            "continuous_batching_classes", "manager_parts", "processor_parts", "request_counts", "scheduled_rows",
+           "running_ids", "waiting_arrivals", "prefix_sharing_on", "page_tokens", "stop_limits",
            "waiting_or_running", "output_fields", "output_ended",
            "request_statuses", "ends_with_eos", "paged_cache_geometry", "used_blocks", "processor_placement"]
 
@@ -270,6 +271,18 @@ def loop_rows(batch: int, generation_config: Any) -> tuple[int, int]:
     return batch // beams, batch // beams * returned
 
 
+def stop_limits(generation_config: Any, prompt_len: int | None, kwargs: dict[str, Any] | None) -> tuple[int | None, bool]:
+    """``(new tokens at most, another stop)`` of a decoding loop: its token limit (``max_new_tokens``, else
+    ``max_length`` less the prompt), and whether anything but that limit and the end-of-sequence token
+    may stop it (``stop_strings``, the caller's own ``stopping_criteria``)."""
+    new = getattr(generation_config, "max_new_tokens", None)
+    if not isinstance(new, int):
+        total = getattr(generation_config, "max_length", None)
+        new = total - prompt_len if isinstance(total, int) and prompt_len is not None else None
+    other = bool(getattr(generation_config, "stop_strings", None)) or bool((kwargs or {}).get("stopping_criteria"))
+    return new, other
+
+
 # transformers' candidate generators (generation/candidate_generator.py) -> the ``method`` label; the first
 # class of a generator's MRO found here names it (EarlyExitCandidateGenerator is an AssistedCandidateGenerator).
 _SPECULATIVE_METHODS = {
@@ -385,6 +398,26 @@ def cache_bytes(cache: Any) -> int:
     return total
 
 
+def concatenating_cache_layers() -> list[type]:
+    """The cache layer classes whose ``update`` grows the cache by concatenation, each defining its own.
+
+    transformers' dynamic cache keeps a ``DynamicLayer`` per decoder layer, and its ``update`` appends
+    the new keys and values with ``torch.cat`` (a copy of the whole layer's cache, every step); so do the
+    subclasses that replace ``update`` (the sliding window's, the quantized caches'). A static cache's
+    layers write into a buffer made once and are not among them. Empty when transformers has no
+    ``DynamicLayer`` (then nothing is counted).
+    """
+    cache_utils = importlib.import_module("transformers.cache_utils")
+    base = getattr(cache_utils, "DynamicLayer", None)
+    if not isinstance(base, type) or not callable(base.__dict__.get("update")):
+        return []
+    found = [base]
+    for obj in vars(cache_utils).values():
+        if isinstance(obj, type) and obj is not base and issubclass(obj, base) and callable(obj.__dict__.get("update")):
+            found.append(obj)
+    return found
+
+
 # -- continuous batching ---------------------------------------------------------------------------
 
 def continuous_batching_classes(names: Iterable[str]) -> dict[str, type]:
@@ -444,6 +477,29 @@ def scheduled_rows(batch: Any) -> list[tuple[Any, Any, float, int, int, int, boo
     """
     return [(state, state.request_id, state.created_time, fs.query_length, state.position_offset,
              len(state.initial_tokens), fs.has_new_token) for fs in batch for state in (fs.state,)]
+
+
+def running_ids(scheduler: Any) -> frozenset[Any]:
+    """The ids of the requests a scheduler runs now."""
+    return frozenset(scheduler.active_requests)
+
+
+def waiting_arrivals(scheduler: Any) -> list[tuple[Any, float]]:
+    """``(request_id, created_time)`` of each request waiting to be scheduled (``time.perf_counter()``)."""
+    return [(rid, state.created_time) for rid, state in list(scheduler.waiting_requests.items())]
+
+
+def page_tokens(cache: Any) -> int:
+    """Tokens in one block of a paged cache (``ContinuousBatchingConfig.page_size``): a request of n tokens
+    holds ceil(n / page) of the cache's whole-model blocks (``num_blocks`` counts those)."""
+    pages = [int(a.tokens_per_page) for a in getattr(cache, "cache_allocators", {}).values()
+             if getattr(a, "tokens_per_page", 0)]
+    return min(pages) if pages else 0
+
+
+def prefix_sharing_on(cache: Any) -> bool:
+    """Whether a paged cache shares the blocks of a prompt's prefix among requests."""
+    return bool(getattr(cache, "use_prefix_sharing", False))
 
 
 def output_fields(output: Any) -> tuple[Any, float, int, Any, list[int], int]:

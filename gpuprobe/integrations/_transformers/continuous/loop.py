@@ -29,18 +29,23 @@ from time import perf_counter_ns
 from typing import Any
 
 from .... import _seams, is_enabled
+from ...._requests import clean_request_id as clean
 from ....timing import DeviceClock
 from ..compat import (
     fits,
     output_ended,
+    page_tokens,
     paged_cache_geometry,
+    prefix_sharing_on,
     processor_parts,
     processor_placement,
     request_counts,
+    running_ids,
     scheduled_rows,
     used_blocks,
+    waiting_arrivals,
 )
-from .requests import FirstSpan, Req, RequestTracking, perf_ns
+from .requests import FirstSpan, Req, RequestTracking, StepShares, perf_ns
 from .seams import PROCESSOR, PROCESSOR_HOOKS, SCHEDULER, SEAM_CANCEL, SEAM_OFFLOAD, SEAM_PREPARE, install_hooks
 
 __all__ = ["Loop"]
@@ -78,6 +83,11 @@ class Loop(RequestTracking):
         self.read_output: Any = None  # the routers' and scheduler's ArgReaders, made when observed
         self.read_outputs: Any = None
         self.read_cancel: Any = None
+        self.rows: list[tuple[Req, int, int, int]] = []  # the open step's requests: (req, tokens, prompt tokens, blocks)
+        self.prefills = 0  # requests with prompt tokens in the open step
+        self.prefix_sharing = False  # transformers shares prompt prefixes' blocks among requests
+        self.page = 0  # tokens per block of the paged cache
+        self.rt.requests.add_source(self)  # its running requests, for /requests
 
     # -- the batch processor ---------------------------------------------------------------------
     def attach(self, bp: Any) -> None:
@@ -198,21 +208,28 @@ class Loop(RequestTracking):
         if error is None:
             self.cancel(request_id)
 
-    def offload_before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    def offload_before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> frozenset[Any]:
         scheduler = self.scheduler
-        return request_counts(scheduler)[0] if scheduler is not None else 0
+        return running_ids(scheduler) if scheduler is not None else frozenset()
 
-    def offload_after(self, before: int, result: Any, error: BaseException | None) -> None:
+    def offload_after(self, before: frozenset[Any], result: Any, error: BaseException | None) -> None:
         scheduler = self.scheduler
-        evicted = before - request_counts(scheduler)[0] if scheduler is not None else 0
-        if evicted > 0:
-            self.rt.thread_records().append((self.serving.preempted, evicted))
+        evicted = before - running_ids(scheduler) if scheduler is not None else frozenset()
+        if evicted:
+            self.rt.thread_records().append((self.serving.preempted, len(evicted)))
+            live = self.live
+            for rid in evicted:
+                req = live.get(rid)
+                if req is not None:
+                    req.preemptions += 1
 
     def _bind(self, bp: Any) -> None:
         """Hold the processor's scheduler and cache while its loop runs (:meth:`release` lets go)."""
         self.scheduler, self.cache, _ = processor_parts(bp)
         self.allocators, self.total_bytes, self.num_blocks = paged_cache_geometry(self.cache)
         self.device, self.stream = processor_placement(bp)
+        self.prefix_sharing = prefix_sharing_on(self.cache)
+        self.page = page_tokens(self.cache)
         self.rt.thread_records().append((self.serving.kv_total, self.num_blocks))
 
     def release(self) -> None:
@@ -259,6 +276,30 @@ class Loop(RequestTracking):
                     span.open = False
                     span.token = clock.stop(span.token)
         return pending
+
+    # -- the requests running, for /requests --------------------------------------------------------
+    def in_flight(self) -> list[dict[str, Any]]:
+        """The requests this loop runs and those waiting for it: state, age, tokens, blocks (never text)."""
+        now = perf_counter_ns()
+        model = self.serving.model_name
+        rows = []
+        for rid, req in list(self.live.items()):
+            if req.ended:
+                continue
+            age = max(0, now - req.arrival) / 1e9
+            since = (now - req.first) / 1e9 if req.first else 0.0
+            rows.append({"request_id": clean(rid), "model": model, "kind": "continuous_batching",
+                         "state": "decode" if req.first else "prefill", "age_s": age, "output_tokens": req.tokens,
+                         "tokens_per_s": req.tokens / since if since > 0 else None, "kv_blocks": req.blocks})
+        scheduler = self.scheduler
+        if scheduler is not None:
+            for rid, created in waiting_arrivals(scheduler):
+                if rid in self.live:
+                    continue  # preempted: it waits again, and shows as the running request it was
+                rows.append({"request_id": clean(rid), "model": model, "kind": "continuous_batching",
+                             "state": "waiting", "age_s": max(0, now - perf_ns(created)) / 1e9, "output_tokens": 0,
+                             "tokens_per_s": None, "kv_blocks": 0})
+        return rows
 
     # -- the loop --------------------------------------------------------------------------------
     def begin(self) -> None:
@@ -312,11 +353,13 @@ class Loop(RequestTracking):
         """A batch was scheduled: count the step, its tokens by phase, and its new requests."""
         serving = self.serving
         batch = self.scheduled
-        self.rt.steps.advance()  # profile windows and kernel sampling see continuous-batching steps too
+        index = self.rt.steps.advance()  # profile windows and kernel sampling see continuous-batching steps too
         self.stepping = True
         prefill = decode = 0
         live = self.live
         selected: list[tuple[Req, Any]] = []  # the requests this forward selects a token for
+        rows: list[tuple[Req, int, int, int]] = []  # what the step's StepShares splits its time by
+        prefills = 0
         next_tokens = 0
         append = records.append
         # On a GPU: the device TTFT spans this step's forward launch starts and its end stops.
@@ -325,20 +368,22 @@ class Loop(RequestTracking):
         if self.device is not None and self.rt.backends.device_clock is not None:
             starting, stopping = [], []
         admitted: FirstSpan | None = None
+        page = self.page or 1
         for state, request_id, created, q, end, n, new_token in scheduled_rows(batch):
             # Tokens at positions below the prompt's length are prompt (prefill) tokens; a request
             # restarted after preemption prefills its prompt and what it had generated again.
             if end <= n:
-                prefill += q
+                pre = q
             elif end - q >= n:
-                decode += q
+                pre = 0
             else:
-                k = n - end + q
-                prefill += k
-                decode += q - k
+                pre = n - end + q
+            prefill += pre
+            decode += q - pre
             req = live.get(request_id)
             if req is None:
                 req = live[request_id] = Req(state, perf_ns(created))
+                req.scheduled = t1
                 append((serving.queue, max(0, t1 - req.arrival)))
                 if starting is not None:
                     if new_token:  # its first token comes from this forward: the step's shared span
@@ -350,6 +395,17 @@ class Loop(RequestTracking):
                     else:  # its prompt goes on in later steps: a span of its own, open until then
                         req.span = FirstSpan(serving.ttft_dev)
                         starting.append(req.span)
+            # Why kept as a row and split at the drain: the step's time is known only when it ends (on a GPU,
+            # when its events are read); the loop pays one tuple a request.
+            blocks = -(-end // page)  # the whole-model blocks its tokens fill
+            rows.append((req, q, pre, blocks))
+            req.steps += 1
+            req.blocks = blocks
+            if pre:
+                prefills += 1
+                req.prefilled += pre
+                if len(req.prefill_steps) < 64:  # a prompt split over steps: a few; bounded whatever the input
+                    req.prefill_steps.append(index)
             if new_token:
                 selected.append((req, state))
                 if req.selecting:
@@ -360,6 +416,8 @@ class Loop(RequestTracking):
                     if span is not None and span.open and stopping is not None:  # the last chunk of its prompt
                         stopping.append(span)
         self.inflight.append((selected, stopping or None))
+        self.rows = rows
+        self.prefills = prefills
         self.next_tokens = next_tokens
         self.starting = starting or None
         self.stopping = stopping or None
@@ -389,11 +447,17 @@ class Loop(RequestTracking):
         if update_ns:
             append((serving.c_update, update_ns))
         tok = self.dev_tok
+        shares = StepShares(self.rows, self.prefills)
+        self.rows = []
         if tok is not None:
-            # The forward's device span is the device inter-token latency of each next token it selects.
+            # The forward's device span is the device inter-token latency of each next token it selects, and
+            # the time its requests share.
             n = self.next_tokens
-            append((self.rt.pending.apply, (serving.device_span(phase, n) if n else serving.step_dev[phase], tok)))
+            shares.target = serving.device_span(phase, n) if n else serving.step_dev[phase]
+            append((self.rt.pending.apply, (shares, tok)))
             self.dev_tok = None
+        else:  # on the host clock
+            append((shares.apply, dur))
         self.open = False
         if len(records) >= self.rt.buffer_size:
             self.rt.drain()

@@ -11,6 +11,12 @@ first token, and its wait shows in the inter-token sample of its next token.
 
 A request's device TTFT and inter-token latency on a GPU: see :mod:`.loop` ("Latencies on a GPU").
 
+Each request ends with its record (:class:`gpuprobe._requests.RequestRecord`), made when its last output
+is delivered from what was kept of it while it ran. Its share of the steps it took part in
+(``step_time_s``, ``kv_block_seconds``, ``interference_s``) is each step's time split among the requests
+the step carried (:class:`StepShares`), a record target applied off the loop thread when the runtime
+drains (on a GPU: once the GPU has reached the step's events); the record's fields fill in then.
+
 :class:`RequestTracking` is a part of :class:`~.loop.Loop` (a base class: no Python call is added).
 """
 
@@ -21,18 +27,21 @@ from time import perf_counter_ns
 from typing import Any
 
 from .... import is_enabled
+from ...._requests import RequestRecord, clean_request_id, median_and_max, now_wall
 from ....runtime import Runtime
 from ....timing import DeviceClock
 from ..compat import ends_with_eos, output_fields, waiting_or_running
 from ...kit import time_per_output_token_ns
 
-__all__ = ["Req", "FirstSpan", "RequestTracking", "perf_ns"]
+__all__ = ["Req", "FirstSpan", "RequestTracking", "StepShares", "perf_ns"]
 
 
 class Req:
     """What gpuprobe keeps of one request while it runs (never exported: no id or text is a label)."""
 
-    __slots__ = ("state", "arrival", "first", "span", "tok_t", "tokens", "selecting", "ended")
+    __slots__ = ("state", "arrival", "first", "span", "tok_t", "tokens", "selecting", "ended", "scheduled", "gaps",
+                 "steps", "resolved", "share_ns", "kv_ns", "interference_ns", "preemptions", "prefilled",
+                 "prefill_steps", "blocks", "record", "device_ns")
 
     def __init__(self, state: Any, arrival: int) -> None:
         self.state = state  # the RequestState first scheduled (its end-of-sequence ids)
@@ -43,6 +52,69 @@ class Req:
         self.tokens = 0  # its output tokens on the host so far (the inter-token samples: one per token after the first)
         self.selecting = 0  # forwards scheduled so far that select a token for it
         self.ended = False  # its output was delivered: its last token is counted
+        self.scheduled = 0  # perf_counter_ns its first scheduling ended (its queue time ends there)
+        self.gaps: list[int] = []  # its inter-token gaps on the host (the record's median and longest)
+        self.steps = 0  # steps that carried it (each one StepShares it waits for)
+        self.resolved = 0  # of those, the ones whose time is known and split
+        self.share_ns = 0.0  # its share of those steps' time
+        self.kv_ns = 0  # KV-cache blocks it held in each of those steps × the step's time
+        self.interference_ns = 0  # time of those steps that carried another request's prefill
+        self.preemptions = 0  # times it was taken off the GPU (offloaded or restarted)
+        self.prefilled = 0  # prompt tokens its forwards processed (a prompt's shared prefix is not processed)
+        self.prefill_steps: list[int] = []  # the steps that carried its prefill (their indices)
+        self.blocks = 0  # KV-cache blocks it held at its latest step
+        self.record: RequestRecord | None = None  # once it ended, its record (the shares fill it in)
+        self.device_ns = -1  # on a GPU, the device time of the steps that carried it (-1: none read)
+
+
+class StepShares:
+    """A step's time split among the requests it carried: a record target (``apply(ns)``), applied when
+    the runtime drains, with the step's host time on a CPU and its device span on a GPU.
+
+    ``rows``: ``(request, tokens in the step, its prompt tokens in the step, KV blocks it held)``. Each
+    request gets ``ns × its tokens ÷ the step's tokens``, ``blocks × ns`` of block-time, and, when another
+    request prefilled in the step, ``ns`` of interference. ``target``: the step's own series on the device
+    clock (the shared device span), applied first.
+
+    Why a target and not the split on the loop thread: the loop pays one object a step, the drain the
+    per-request arithmetic.
+    """
+
+    __slots__ = ("rows", "tokens", "prefills", "target")
+
+    def __init__(self, rows: list[tuple[Req, int, int, int]], prefills: int, target: Any = None) -> None:
+        self.rows = rows
+        self.tokens = sum(row[1] for row in rows) or 1
+        self.prefills = prefills  # requests with prompt tokens in the step
+        self.target = target
+
+    def apply(self, ns: int) -> None:
+        device = self.target is not None
+        if device:
+            self.target.apply(ns)
+        tokens, prefills = self.tokens, self.prefills
+        for req, q, pre, blocks in self.rows:
+            if device:
+                req.device_ns = ns if req.device_ns < 0 else req.device_ns + ns
+            req.share_ns += ns * q / tokens
+            req.kv_ns += blocks * ns
+            if prefills > (1 if pre else 0):
+                req.interference_ns += ns
+            req.resolved += 1
+            if req.record is not None and req.resolved >= req.steps:
+                fill_shares(req)
+
+
+def fill_shares(req: Req) -> None:
+    """Write a request's shares of its steps into its record (every step's time is known)."""
+    record = req.record
+    if record is None:
+        return
+    record.step_time_s = req.share_ns / 1e9
+    record.kv_block_seconds = req.kv_ns / 1e9
+    record.interference_s = req.interference_ns / 1e9
+    if req.device_ns >= 0:
+        record.device_read(req.device_ns)
 
 
 class FirstSpan:
@@ -101,6 +173,7 @@ class RequestTracking:
     cancelled: set[str]
     scheduler: Any
     failed_status: int
+    prefix_sharing: bool
 
     def tokens_held(self, selected: list[tuple[Req, Any]], t: int) -> None:
         """An update ended at ``t``: the host holds the tokens of the forward whose requests were ``selected``.
@@ -119,7 +192,9 @@ class RequestTracking:
             if req.ended:
                 continue
             if req.first:
-                gaps.append(t - req.tok_t)
+                gap = t - req.tok_t
+                gaps.append(gap)
+                req.gaps.append(gap)  # the record's median and longest gap (a C append: no Python call)
             elif state.generated_tokens:  # its first token came with this update
                 req.first = t
                 records.append((ttft, t - req.arrival))
@@ -201,6 +276,7 @@ class RequestTracking:
                 req.ended = True
                 if req.span is not None:
                     self.forget_span(req)
+            self.record_end(rid, req, now, dur, "error", prompt_length, len(tokens))
             return
         n_out = len(tokens)
         requests = serving.request_series
@@ -219,6 +295,8 @@ class RequestTracking:
             # Its last token, delivered now (the update's own check then counts it no second time): its
             # inter-token samples add up to its duration less its TTFT.
             append((serving.inter_token, [now - req.tok_t]))
+            req.gaps.append(now - req.tok_t)
+            req.tok_t = now
         if req is not None:
             req.ended = True
             if req.span is not None:
@@ -226,8 +304,42 @@ class RequestTracking:
         tpot = time_per_output_token_ns(now - first, n_out)
         if tpot is not None:
             append((requests.tpot, tpot))
-        reason = "stop" if ends_with_eos(req.state if req is not None else None, tokens) else "length"
-        append((serving.finished[reason], 1))
+        eos = ends_with_eos(req.state if req is not None else None, tokens)
+        append((serving.finished["stop" if eos else "length"], 1))
+        self.record_end(rid, req, now, dur, "eos" if eos else "length", prompt_length, n_out, first=first, tpot=tpot)
+
+    def record_end(self, rid: Any, req: Req | None, now: int, dur: int, reason: str, prompt_length: int | None,
+              n_out: int | None, first: int = 0, tpot: int | None = None) -> None:
+        """A request ended: its record, to the runtime's requests (its shares follow as the steps are split)."""
+        queue = req.scheduled - req.arrival if req is not None and req.scheduled else None
+        ttft = first - req.arrival if req is not None and first else (dur if first else None)
+        p50, longest = median_and_max(req.gaps) if req is not None else (None, None)
+        sharing = self.prefix_sharing
+        record = RequestRecord(
+            request_id=clean_request_id(rid) or "", model=self.serving.model_name, duration_s=dur / 1e9,
+            kind="continuous_batching", batch_size=1, input_tokens=prompt_length,
+            output_tokens=n_out, finish_reason=reason,
+            queue_s=None if queue is None else max(0, queue) / 1e9,
+            prefill_s=None if req is None or not first or not req.scheduled else max(0, first - req.scheduled) / 1e9,
+            ttft_s=None if ttft is None else ttft / 1e9,
+            decode_s=None if req is None or not first else max(0, (req.tok_t if req.tok_t else first) - first) / 1e9,
+            tpot_s=None if tpot is None else tpot / 1e9, itl_p50_s=p50, itl_max_s=longest,
+            preemptions=req.preemptions if req is not None else None,
+            cached_tokens=(max(0, (prompt_length or 0) - req.prefilled) if sharing and req is not None else None),
+            started_at=now_wall() - dur / 1e9, ended_at=now_wall(),
+            prefill_steps=tuple(req.prefill_steps) if req is not None else (),
+        )
+        if req is not None:
+            req.record = record
+            if req.resolved >= req.steps:
+                fill_shares(req)
+        if sharing and req is not None and prompt_length:
+            records = self.rt.thread_records()
+            records.append((self.serving.prefix_queries, 1))
+            if record.cached_tokens:
+                records.append((self.serving.prefix_hits, 1))
+                records.append((self.serving.prefix_tokens, record.cached_tokens))
+        self.rt.requests.add(record)
 
     def cancel(self, request_id: str) -> None:
         """The scheduler was told to cancel a request (the client went away)."""
@@ -246,5 +358,8 @@ class RequestTracking:
         arrival = req.arrival if req is not None else perf_ns(state.created_time)
         serving = self.serving
         records = self.rt.thread_records()
-        records.append((serving.req_cancelled, max(0, perf_counter_ns() - arrival)))
+        now = perf_counter_ns()
+        records.append((serving.req_cancelled, max(0, now - arrival)))
         records.append((serving.finished["cancelled"], 1))
+        self.record_end(request_id, req, now, max(0, now - arrival), "cancelled", None, req.tokens if req else None,
+                   first=req.first if req is not None else 0)

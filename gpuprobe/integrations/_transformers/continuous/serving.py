@@ -55,6 +55,9 @@ class ServingState:
         self.tokens_prefill = tokens.child(**ml, phase="prefill").apply
         self.tokens_decode = tokens.child(**ml, phase="decode").apply
         self.batch_requests = fam("gpuprobe.batch.requests").child(**ml).apply
+        self.prefix_queries = fam("gpuprobe.prefix_cache.queries").child(**ml).apply
+        self.prefix_hits = fam("gpuprobe.prefix_cache.hits").child(**ml).apply
+        self.prefix_tokens = fam("gpuprobe.prefix_cache.tokens").child(**ml).apply
         self.step_host, self.step_dev = steps.host, steps.device
         self.c_schedule = steps.component("schedule")
         self.c_forward = steps.component("forward")

@@ -25,6 +25,7 @@ class Call:
         "marks", "audit",
         "call_tok", "deferred", "tok_t", "ttft_ns", "held_record",  # latencies of the tokens (see token_on_host)
         "args", "kwargs", "inputs", "prev", "undo", "boundary", "layer_next",
+        "gaps", "tally", "spans", "syncs", "request_id", "limit", "other_stops",  # its record (ModelState.end_call)
     )
 
     def __init__(self, t0: int, records: deque[Any], nv: Any, clock: Any) -> None:
@@ -79,3 +80,10 @@ class Call:
         self.undo: list[Any] = []  # what the call patched for its length (streamer, list elements): put back at its end
         self.boundary: Any = None  # the end event of the step just closed, for the next step to start at
         self.layer_next: Any = None  # (the layer expected next, the end event of the layer just run)
+        self.gaps: list[int] = []  # host time between two consecutive tokens (the record's median and longest)
+        self.tally: Any = None  # on a GPU: the call's device time (kit.DeviceTally), summed from its steps' spans
+        self.spans: Any = None  # on a GPU: (prefill, decode) device-span targets that add to ``tally``
+        self.syncs = -1  # host syncs the sync audit counted in the call's audited steps (-1: none audited)
+        self.request_id: str | None = None  # the id the caller's context gave (a server's x-request-id), if any
+        self.limit: int | None = None  # new tokens at most (its finish reason: the limit reached is "length")
+        self.other_stops = False  # stop strings or the caller's own stopping criteria may end it ("stop")

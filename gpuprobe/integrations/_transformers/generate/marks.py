@@ -165,19 +165,22 @@ class StepMarker:
             marks.step = _enter(f"gpuprobe.step#{step}", None)
         return marks
 
-    def close(self, marks: StepMarks, records: Any) -> None:
+    def close(self, marks: StepMarks, records: Any) -> int:
         """End what the step left open (its forward, after a failure), leave the audit, record its counts,
-        end the step's own range."""
+        end the step's own range. Returns the syncs the audit counted in the step (-1: not audited)."""
         marks.end_forward()
         audit = marks.audit
+        syncs = -1
         if audit is not None:
             marks.audit = None
             audit.__exit__(None, None, None)
             records.append((self._audited, 1))
+            syncs = sum(audit.counts.values())
             _sync_audit.flush(audit, self._sync_child, records)
         handle, marks.step = marks.step, None
         if handle is not None:
             _end_range(handle)
+        return syncs
 
     def _sync_child(self, where: _sync_audit.Where, op: str) -> Any:
         key = (where, op)

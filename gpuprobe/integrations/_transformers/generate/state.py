@@ -18,6 +18,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from .... import _seams, is_enabled, memory
+from ...._requests import RequestRecord, current_request_id, median_and_max, new_request_id, now_wall
 from ....runtime import Runtime
 from ..compat import (
     cache_bytes,
@@ -30,7 +31,7 @@ from ..compat import (
     steps_undone,
 )
 from ..continuous import ServingState
-from ...kit import StepSeries, time_per_output_token_ns
+from ...kit import DecodeSpan, DeviceTally, StepSeries, time_per_output_token_ns
 from ..series import RequestSeries
 from . import steps as _steps
 from .call import Call
@@ -105,6 +106,8 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         self.marker = StepMarker(rt, name)  # component ranges in profile windows, the sync audit
         self.serving: Any = None  # continuous batching's series (continuous.ServingState), at first use
         self.speculative: dict[str, Any] = {}  # speculative-decoding series per method, at first use
+        self.calls: dict[int, Call] = {}  # the calls running now, on any thread (for /requests)
+        rt.requests.add_source(self)
 
     def current(self) -> Call | None:
         """The call running on this thread, if any."""
@@ -193,6 +196,11 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
             dev = input_device(ctx.inputs, kwargs)
             if dev is not None and dev.type == "cuda":
                 ctx.call_tok = ctx.clock.start(dev.index if dev.index is not None else 0)
+            # The call's own device-span targets: its steps' spans add up to its record's device time.
+            tally = ctx.tally = DeviceTally()
+            ctx.spans = (DecodeSpan(self.step_dev[0], self.itl_dev, 0, tally),
+                         DecodeSpan(self.step_dev[1], self.itl_dev, 1, tally))
+        ctx.request_id = current_request_id()
         ctx.audit = rt.settings.sync_audit
         tls = self.tls
         ctx.prev = getattr(tls, "ctx", None)
@@ -201,6 +209,7 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         if streamer is not None:
             ctx.undo.append(time_streamer(streamer, ctx, self))
         ctx.records.append((self.active, 1))
+        self.calls[id(ctx)] = ctx
         self.layers_moved = True
         if nv is not None:
             nv.push(self.nvtx(nv, self.generate_message, "generate", None))
@@ -215,6 +224,7 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         try:
             self._finish(ctx, out, err)
         finally:
+            self.calls.pop(id(ctx), None)
             self.tls.ctx = ctx.prev
             ctx.args = ctx.kwargs = ctx.inputs = ctx.prev = None
             undo, ctx.undo = ctx.undo, []
@@ -233,7 +243,9 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
                 marks = ctx.marks
                 if marks is not None:  # its ranges and audit too (the syncs it ran are counted)
                     ctx.marks = None
-                    self.marker.close(marks, ctx.records)
+                    syncs = self.marker.close(marks, ctx.records)
+                    if syncs >= 0:
+                        ctx.syncs = syncs if ctx.syncs < 0 else ctx.syncs + syncs
                 if ctx.dev_tok is not None and ctx.clock is not None:
                     ctx.clock.discard(ctx.clock.stop(ctx.dev_tok))
                     ctx.dev_tok = None
@@ -254,6 +266,9 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         ctx.live = False
         records = ctx.records
         dur = t1 - ctx.t0
+        n_in = n_out = None
+        sequences = 0
+        tpot = None
         if err is not None:
             records.append((self.request_series.request_error(type(err).__qualname__), dur))
             self.rt.observe_exception(err)
@@ -291,7 +306,59 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         records.append((self.active, -1))
         ctx.cache = None
         self.rt.steps_done()
+        self.rt.requests.add(self.request_record(ctx, dur, err, n_in, n_out, sequences, tpot))
         self.rt.drain_if_full(records)
+
+    def request_record(self, ctx: Call, dur: int, err: BaseException | None, n_in: int | None,
+                       n_out: int | None, sequences: int, tpot: int | None) -> RequestRecord:
+        """The call's record (:mod:`gpuprobe._requests`): what the call kept while it ran, in seconds.
+
+        A call's finish reason: ``error`` if it raised; ``length`` when its sequences got as many new tokens
+        as the call allowed; otherwise ``eos`` when nothing but the end-of-sequence token could stop it early,
+        else ``stop`` (stop strings or the caller's own criteria). Its device time arrives when the GPU has
+        reached its steps' events (the tally delivers it then).
+        """
+        ttft = ctx.ttft_ns
+        if err is not None:
+            reason = "error"
+        elif n_out is not None and ctx.limit is not None and n_out >= ctx.limit:
+            reason = "length"
+        elif n_out is None:
+            reason = None
+        else:
+            reason = "stop" if ctx.other_stops else "eos"
+        p50, longest = median_and_max(ctx.gaps)
+        end = now_wall()
+        record = RequestRecord(
+            request_id=ctx.request_id or new_request_id(), model=self.model_name, duration_s=dur / 1e9,
+            kind="generate", batch_size=sequences or (ctx.rows[1] if ctx.rows is not None else None),
+            input_tokens=n_in, output_tokens=n_out, finish_reason=reason,
+            error=type(err).__qualname__ if err is not None else None,
+            prefill_s=ttft / 1e9 if ttft >= 0 else None, ttft_s=ttft / 1e9 if ttft >= 0 else None,
+            decode_s=max(0, ctx.tok_t - ctx.t0 - ttft) / 1e9 if ttft >= 0 else None,
+            tpot_s=None if tpot is None else tpot / 1e9, itl_p50_s=p50, itl_max_s=longest,
+            host_syncs=ctx.syncs if ctx.syncs >= 0 else None, started_at=end - dur / 1e9, ended_at=end,
+        )
+        tally = ctx.tally
+        if tally is not None:
+            ctx.tally = ctx.spans = None
+            tally.deliver(record.device_read)
+        return record
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """The calls running now: state, age, tokens so far (never text)."""
+        now = perf_counter_ns()
+        rows = []
+        for ctx in list(self.calls.values()):
+            if not ctx.live:
+                continue
+            tokens = max(0, ctx.step + 1 - ctx.first_step + ctx.extra_tokens) if ctx.ttft_ns >= 0 else 0
+            since = (now - ctx.t0 - ctx.ttft_ns) / 1e9 if ctx.ttft_ns >= 0 else 0.0
+            rows.append({"request_id": ctx.request_id, "model": self.model_name, "kind": "generate",
+                         "state": "decode" if ctx.ttft_ns >= 0 else "prefill", "age_s": (now - ctx.t0) / 1e9,
+                         "output_tokens": tokens, "tokens_per_s": tokens / since if since > 0 else None,
+                         "batch_size": ctx.rows[1] if ctx.rows is not None else None, "kv_blocks": None})
+        return rows
 
     # pickling and deep copies of a model drop its instrumentation (see the module docstring)
     def __deepcopy__(self, memo: dict[int, Any]) -> None:

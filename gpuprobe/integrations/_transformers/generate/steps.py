@@ -224,7 +224,9 @@ class StepMachine:
         receives each token at that moment.
         """
         if ctx.ttft_ns >= 0:
-            ctx.records.append((self.itl_host, t - ctx.tok_t))
+            gap = t - ctx.tok_t
+            ctx.records.append((self.itl_host, gap))
+            ctx.gaps.append(gap)
         else:
             ctx.ttft_ns = t - ctx.t0
             ctx.records.append((self.request_series.ttft, ctx.ttft_ns))
@@ -258,7 +260,9 @@ class StepMachine:
         marks = ctx.marks
         if marks is not None:
             ctx.marks = None
-            self.marker.close(marks, ctx.records)
+            syncs = self.marker.close(marks, ctx.records)
+            if syncs >= 0:  # an audited step: its syncs count for the call's record
+                ctx.syncs = syncs if ctx.syncs < 0 else ctx.syncs + syncs
         dur = t - ctx.step_t0
         decode = ctx.step > ctx.first_step
         records = ctx.records
@@ -275,10 +279,18 @@ class StepMachine:
         if tok is not None:
             # A decode step's device span is also the device inter-token latency of the token it selected.
             target: Any
-            if not decode:
-                target = self.step_dev[0]
-            else:
-                target = DecodeSpan(self.step_dev[1], self.itl_dev) if ctx.deferred else self.decode_span
+            spans = ctx.spans
+            if spans is None:  # no record's device time (the call began without a device clock)
+                if not decode:
+                    target = self.step_dev[0]
+                else:
+                    target = DecodeSpan(self.step_dev[1], self.itl_dev) if ctx.deferred else self.decode_span
+            else:  # the call's own targets, which add to its record's device time
+                ctx.tally.expected += 1
+                if not decode:
+                    target = spans[0]
+                else:
+                    target = DecodeSpan(self.step_dev[1], self.itl_dev, 1, ctx.tally) if ctx.deferred else spans[1]
             if chain:
                 pending, ctx.boundary = ctx.clock.split(tok)
             else:
@@ -318,7 +330,11 @@ class StepMachine:
         if decode or not ctx.deferred:  # this step's token (deferred: the previous step's) is on the host now
             # token_on_host written out for the common case (one Python call fewer per decode step).
             if ctx.ttft_ns >= 0:
-                append((self.itl_host, t - ctx.tok_t))
+                gap = t - ctx.tok_t
+                append((self.itl_host, gap))
+                # Why kept per call: the record's median and longest gap; a list append is a C call, no
+                # Python frame on the step (benchmarks/step_calls.py counts frames).
+                ctx.gaps.append(gap)
                 ctx.tok_t = t
             else:
                 self.token_on_host(ctx, t)

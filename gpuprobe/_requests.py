@@ -1,0 +1,352 @@
+"""Requests, one record each: what one ``generate()`` call or one continuous-batching request did, in
+figures a user reads (TTFT, queue, prefill, decode, tokens, syncs, device time, its share of the GPU).
+
+An integration makes a :class:`RequestRecord` when a request ends, from what it already recorded while
+the request ran (never by work per token), and hands it to the runtime's :class:`RequestLog`, which keeps
+the most recent ones (setting ``requests_kept``), gives them to whoever catches them
+(:func:`catch_requests`), and tells the runtime's listeners (service-level goals, the trace exporter).
+Requests still running are read from the integrations on demand (:meth:`RequestLog.in_flight`), for the
+live table at ``/requests``.
+
+No record carries prompt text or token ids: only counts, times and a request's id.
+
+Example:
+    >>> log = RequestLog(2)
+    >>> for i in range(3):
+    ...     log.add(RequestRecord(request_id=f"r{i}", model="tiny", duration_s=0.1))
+    >>> [r.request_id for r in log.finished()]
+    ['r1', 'r2']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["RequestRecord", "RequestLog", "Caught", "catch_requests", "new_request_id", "clean_request_id",
+           "current_request_id", "FINISH_REASONS", "MAX_REQUEST_ID"]
+
+FINISH_REASONS = ("length", "eos", "stop", "cancelled", "error")
+"""Why a request ended: its token limit, an end-of-sequence token, another stopping criterion (or a stop
+string), the client went away, or it failed."""
+
+MAX_REQUEST_ID = 128
+"""Characters of a request id kept; a longer one is cut (ids come from clients: nothing of theirs grows
+gpuprobe's memory, and none is ever a metric label)."""
+
+
+@dataclasses.dataclass(eq=False)
+class RequestRecord:
+    """What one request did. Times in seconds; ``None`` where the figure cannot be known (never a guess).
+
+    Attributes:
+        request_id: the client's ``x-request-id`` under a server, else one gpuprobe made (process-unique).
+        model: the model's name (as in the metrics).
+        kind: ``generate`` (one ``generate()`` call; a batch is one request) or ``continuous_batching``.
+        batch_size: sequences the request generated (``generate()``: rows × ``num_return_sequences``; 1
+            under continuous batching).
+        input_tokens: prompt tokens (all rows).
+        output_tokens: tokens generated per sequence.
+        finish_reason: one of :data:`FINISH_REASONS`.
+        error: the exception's type when ``finish_reason`` is ``error``.
+        queue_s: from arrival to first being scheduled (continuous batching; ``None`` for ``generate()``,
+            which has no queue).
+        prefill_s: from being scheduled (``generate()``: called) to the first token on the host.
+        ttft_s: time to first token: ``queue_s`` + ``prefill_s``.
+        decode_s: from the first token to the last on the host.
+        duration_s: from arrival (``generate()``: the call) to the end (the call returned, the output
+            was delivered).
+        tpot_s: time per output token after the first: (``duration_s`` − ``ttft_s``) ÷ (tokens − 1).
+        itl_p50_s, itl_max_s: the median and the longest gap between two of its tokens on the host.
+        host_syncs: device-to-host syncs the sync audit counted in its audited steps (``None`` when the
+            audit is off or audited none of its steps).
+        device_s: on a GPU, its steps' time on the device (``None`` on a CPU, and until the GPU has
+            reached the events).
+        step_time_s: continuous batching: its share of every scheduler step it took part in, each step's
+            time split by the tokens each request had in it (the device clock on a GPU, else the host's).
+        kv_block_seconds: continuous batching: KV-cache blocks it held × the time of the steps it held
+            them in.
+        cached_tokens: continuous batching: prompt tokens read from blocks shared with earlier requests
+            (``None`` where transformers' prefix sharing is off).
+        preemptions: continuous batching: times it was taken off the GPU and scheduled again.
+        interference_s: continuous batching: time in steps that also carried another request's prefill.
+        started_at, ended_at: wall-clock times (``time.time()``) of its arrival and end.
+        prefill_steps: continuous batching: the steps that carried its prefill (their indices; for links
+            between request and step records).
+    """
+
+    request_id: str
+    model: str
+    duration_s: float
+    kind: str = "generate"
+    batch_size: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    queue_s: float | None = None
+    prefill_s: float | None = None
+    ttft_s: float | None = None
+    decode_s: float | None = None
+    tpot_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_max_s: float | None = None
+    host_syncs: int | None = None
+    device_s: float | None = None
+    step_time_s: float | None = None
+    kv_block_seconds: float | None = None
+    cached_tokens: int | None = None
+    preemptions: int | None = None
+    interference_s: float | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    prefill_steps: tuple[int, ...] = ()
+
+    def device_read(self, ns: int) -> None:
+        """The GPU reached the request's last step: its device time is ``ns``."""
+        self.device_s = ns / 1e9
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as plain data (JSON-ready).
+
+        Example:
+            >>> RequestRecord(request_id="r1", model="tiny", duration_s=0.5).as_dict()["duration_s"]
+            0.5
+        """
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+                for f in dataclasses.fields(self)}
+
+    def server_timing(self) -> str:
+        """The record as an HTTP ``Server-Timing`` header value (milliseconds; what is unknown left out).
+
+        Example:
+            >>> RequestRecord(request_id="r", model="m", duration_s=0.25, ttft_s=0.05).server_timing()
+            'ttft;dur=50.0, total;dur=250.0'
+        """
+        parts = []
+        for name, value in (("queue", self.queue_s), ("prefill", self.prefill_s), ("ttft", self.ttft_s),
+                            ("decode", self.decode_s), ("total", self.duration_s)):
+            if value is not None:
+                parts.append(f"{name};dur={value * 1e3:.1f}")
+        return ", ".join(parts)
+
+
+def median_and_max(values: list[int]) -> tuple[float | None, float | None]:
+    """The median (lower middle of an even count) and the largest of ``values`` (ns), in seconds.
+
+    Example:
+        >>> median_and_max([3_000_000, 1_000_000, 2_000_000])
+        (0.002, 0.003)
+    """
+    if not values:
+        return None, None
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2] / 1e9, ordered[-1] / 1e9
+
+
+# -- request ids -----------------------------------------------------------------------------------------
+
+_ids = itertools.count(1)
+_id_prefix = f"{os.getpid():x}"
+
+
+def new_request_id() -> str:
+    """A request id unique in this process (and, with its pid prefix, among processes on a machine).
+
+    Example:
+        >>> new_request_id() != new_request_id()
+        True
+    """
+    return f"{_id_prefix}-{next(_ids)}"
+
+
+def clean_request_id(raw: Any) -> str | None:
+    """A client's request id as gpuprobe keeps it: printable ASCII only (others replaced by ``?``), cut to
+    :data:`MAX_REQUEST_ID` characters; None for none or an empty one.
+
+    Example:
+        >>> clean_request_id("abc\\r\\nSet-Cookie: x")
+        'abc??Set-Cookie: x'
+        >>> len(clean_request_id("x" * 10_000))
+        128
+    """
+    if raw is None:
+        return None
+    text = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)
+    text = text[: MAX_REQUEST_ID]
+    text = "".join(c if " " <= c <= "~" else "?" for c in text).strip()
+    return text or None
+
+
+_given_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpuprobe_request_id", default=None)
+_catchers: contextvars.ContextVar[tuple[Caught, ...]] = contextvars.ContextVar("gpuprobe_caught_requests",
+                                                                                 default=())
+
+
+def current_request_id() -> str | None:
+    """The request id the caller's context names (:func:`catch_requests`, a server's ``x-request-id``)."""
+    return _given_id.get()
+
+
+class Caught(list):  # type: ignore[type-arg]
+    """The records :func:`catch_requests` caught, oldest first (a list of :class:`RequestRecord`)."""
+
+    def add(self, record: RequestRecord, most: int | None) -> None:
+        """Keep ``record``, and at most ``most`` records (the oldest go first; None: no bound)."""
+        self.append(record)
+        if most is not None and len(self) > most:
+            del self[: len(self) - most]
+
+    @property
+    def record(self) -> RequestRecord:
+        """The one record caught (the last, if several).
+
+        Raises:
+            LookupError: no request ended inside the block.
+        """
+        if not self:
+            raise LookupError("no request ended inside catch_requests(): was generate() called in the block, on "
+                              "this thread (or a task or thread started from it), with an instrumented model?")
+        return self[-1]
+
+
+@contextlib.contextmanager
+def catch_requests(request_id: str | None = None) -> Iterator[Caught]:
+    """Catch the records of the requests that end inside the block, on this thread and what it starts
+    with a copy of its context (``asyncio`` tasks, ``asyncio.to_thread``).
+
+    Args:
+        request_id: the id the requests made inside the block get (cleaned as a client's id is:
+            printable ASCII, at most 128 characters); by default each gets one of its own.
+
+    Yields:
+        A list that fills as requests end (:attr:`Caught.record`: the one request), holding at most as
+        many as ``requests_kept`` (the newest).
+
+    Example:
+        >>> import gpuprobe
+        >>> with gpuprobe.catch_requests(request_id="demo-1") as caught:
+        ...     pass   # model.generate(...) with an instrumented model
+        >>> list(caught)
+        []
+    """
+    caught = Caught()
+    token_catch = _catchers.set((*_catchers.get(), caught))
+    token_id = _given_id.set(clean_request_id(request_id)) if request_id is not None else None
+    try:
+        yield caught
+    finally:
+        _catchers.reset(token_catch)
+        if token_id is not None:
+            _given_id.reset(token_id)
+
+
+@contextlib.contextmanager
+def given_request_id(request_id: str | None) -> Iterator[None]:
+    """Requests made in the block take ``request_id`` (a server's seam: the client's ``x-request-id``)."""
+    token = _given_id.set(request_id)
+    try:
+        yield
+    finally:
+        _given_id.reset(token)
+
+
+# -- the log -------------------------------------------------------------------------------------------
+
+InFlight = Callable[[], list[dict[str, Any]]]
+
+
+class RequestLog:
+    """The runtime's requests: the most recent finished ones, the listeners told of each, and the
+    sources of those still running.
+
+    Args:
+        kept: how many finished records are kept (the ``requests_kept`` setting; 0 keeps none).
+    """
+
+    def __init__(self, kept: int) -> None:
+        self._finished: deque[RequestRecord] = deque(maxlen=kept)
+        self._listeners: tuple[Callable[[RequestRecord], None], ...] = ()
+        self._sources: list[weakref.ref[Any]] = []
+        self._lock = threading.Lock()
+        self.ended = 0  # records added so far (the table says how many it no longer shows)
+
+    def resize(self, kept: int) -> None:
+        """Keep ``kept`` records from now on (the newest of those kept so far stay)."""
+        with self._lock:
+            if kept != self._finished.maxlen:
+                self._finished = deque(self._finished, maxlen=kept)
+
+    def add(self, record: RequestRecord) -> None:
+        """A request ended: keep its record, give it to the blocks catching it, tell the listeners.
+        Never raises (a listener's failure is its own)."""
+        self._finished.append(record)
+        self.ended += 1
+        for caught in _catchers.get():
+            caught.add(record, self._finished.maxlen)
+        for listener in self._listeners:
+            try:
+                listener(record)
+            except Exception:  # pragma: no cover - listeners guard themselves; this keeps the request's path safe
+                pass
+
+    def finished(self) -> list[RequestRecord]:
+        """The kept records, oldest first."""
+        return list(self._finished)
+
+    def find(self, request_id: str) -> RequestRecord | None:
+        """The newest kept record with this id."""
+        for record in reversed(self._finished):
+            if record.request_id == request_id:
+                return record
+        return None
+
+    def add_listener(self, listener: Callable[[RequestRecord], None]) -> None:
+        """Call ``listener(record)`` for every request that ends from now on (on the request's thread:
+        it must be quick and must not raise)."""
+        with self._lock:
+            self._listeners = (*self._listeners, listener)
+
+    def remove_listener(self, listener: Callable[[RequestRecord], None]) -> None:
+        with self._lock:
+            self._listeners = tuple(f for f in self._listeners if f != listener)
+
+    def add_source(self, source: Any) -> None:
+        """``source.in_flight()`` lists requests still running (held weakly: a source that is gone is dropped)."""
+        with self._lock:
+            self._sources = [r for r in self._sources if r() is not None and r() is not source]
+            self._sources.append(weakref.ref(source))
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """Requests running now, from every source (oldest first); a source that fails is left out."""
+        with self._lock:
+            sources = [r() for r in self._sources]
+        rows: list[dict[str, Any]] = []
+        for source in sources:
+            if source is None:
+                continue
+            try:
+                rows.extend(source.in_flight())
+            except Exception:  # a source racing its own end: its rows are missing from this reading
+                continue
+        rows.sort(key=lambda row: -row.get("age_s", 0.0))
+        return rows
+
+    def clear(self) -> None:
+        """Forget every finished record (a reset); sources and listeners stay."""
+        self._finished.clear()
+        self.ended = 0
+
+
+def now_wall() -> float:
+    """Wall-clock seconds (``time.time()``), the records' ``started_at`` / ``ended_at`` clock."""
+    return time.time()
