@@ -1,4 +1,4 @@
-"""``python -m gpuprobe demo|report|diff|info`` — see :mod:`gpuprobe.cli`."""
+"""``python -m gpuprobe COMMAND``, the same as ``gpuprobe COMMAND`` — see :mod:`gpuprobe.cli`."""
 
 import sys
 

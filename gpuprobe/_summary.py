@@ -2,6 +2,11 @@
 periodic one-line log of the ``log_interval`` setting (``GPUPROBE_LOG_INTERVAL``), in the manner of vLLM's
 "Avg prompt throughput" line.
 
+Both say where a generation step's time goes: each component's share of the step time (forward, each
+logits processor, stopping criteria, ...), largest first, as the demo's table and the live page do. The
+components of a step add up to it (``gpuprobe.step.component.duration`` sums to the host-clock
+``gpuprobe.step.duration``), so a share is a component's time over all of them.
+
 Both read the aggregates exporters read (:func:`gpuprobe.collect`); quantiles come from the histograms'
 buckets as Prometheus' ``histogram_quantile`` computes them (linear within a bucket), bounded by the
 smallest and largest value seen, so a quantile is never outside what was observed.
@@ -19,7 +24,7 @@ from typing import Any
 from ._metrics import MetricData, Point
 from .runtime import Runtime, runtime
 
-__all__ = ["Summary", "SummaryRow", "summary", "quantile", "LogLine"]
+__all__ = ["Summary", "SummaryRow", "ComponentShare", "summary", "quantile", "LogLine"]
 
 # What each row is called, in the order rows are shown; other histograms follow under their names.
 _TITLES: dict[str, str] = {
@@ -93,30 +98,84 @@ def _shown(value: float, unit: str) -> str:
     return f"{value:.4g}"
 
 
+@dataclasses.dataclass(frozen=True)
+class ComponentShare:
+    """One component of one model's generation steps: its time and its share of the step time.
+
+    Attributes:
+        model: the ``model`` label.
+        component: ``forward``, ``logits_processor``, ``stopping_criteria``, ``streamer``, ``other``, ...
+        processor: the class name of a logits processor (or the ``processor`` label), else None.
+        seconds: its time over every step so far.
+        per_step: its mean time per step (``seconds`` over the model's host-clock steps).
+        share: its part of the step time (0 to 1): ``seconds`` over the time of every component.
+    """
+
+    model: str
+    component: str
+    processor: str | None
+    seconds: float
+    per_step: float
+    share: float
+
+    @property
+    def name(self) -> str:
+        """``forward``, ``logits_processor:BanTokens`` (as the demo's table names them)."""
+        return component_name(self.component, self.processor)
+
+
+def component_name(component: str, processor: str | None) -> str:
+    """How a component is named in a table or a log line: ``forward``, ``logits_processor:BanTokens``.
+
+    Example:
+        >>> component_name("logits_processor", "BanTokens"), component_name("other", None)
+        ('logits_processor:BanTokens', 'other')
+    """
+    return f"{component}:{processor}" if processor else component
+
+
+def _by_share(times: dict[tuple[str, str | None], float]) -> list[tuple[tuple[str, str | None], float, float]]:
+    """``(key, seconds, share)`` largest first (names break ties); empty when no time was spent."""
+    total = sum(times.values())
+    if total <= 0:
+        return []
+    return sorted(((k, v, v / total) for k, v in times.items()), key=lambda r: (-r[1], component_name(*r[0])))
+
+
 def _label_text(labels: dict[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in _QUIET_LABELS)
 
 
 @dataclasses.dataclass(frozen=True)
 class Summary:
-    """The run so far: histogram rows (count, mean, p50, p99, max) then counters and gauges.
+    """The run so far: where the step time goes (each component's share, largest first, per model), then
+    histogram rows (count, mean, p50, p99, max), then counters and gauges.
 
     ``str()`` is a text table; in a notebook it shows as an HTML table. :meth:`to_dict` gives the rows.
     """
 
     histograms: tuple[SummaryRow, ...]
     values: tuple[SummaryRow, ...]
+    components: tuple[ComponentShare, ...] = ()
+
+    @property
+    def dominant(self) -> ComponentShare | None:
+        """The component with the largest share of the step time (of the model with the most step time)."""
+        return self.components[0] if self.components else None
 
     def to_dict(self) -> dict[str, list[dict[str, Any]]]:
         """The rows as plain data (for JSON)."""
-        return {"histograms": [dataclasses.asdict(r) for r in self.histograms],
+        return {"components": [{**dataclasses.asdict(c), "name": c.name} for c in self.components],
+                "histograms": [dataclasses.asdict(r) for r in self.histograms],
                 "values": [dataclasses.asdict(r) for r in self.values]}
 
     def _tables(self) -> list[tuple[list[str], list[list[str]]]]:
+        parts = [[c.name, c.model, _shown(c.per_step, "s"), f"{c.share:.1%}"] for c in self.components]
         hist = [[r.title, _label_text(r.labels), str(r.count), _shown(r.mean, r.unit), _shown(r.p50, r.unit),
                  _shown(r.p99, r.unit), _shown(r.max, r.unit)] for r in self.histograms]
         vals = [[r.title, _label_text(r.labels), _shown(r.value, r.unit)] for r in self.values]
-        return [(["what", "labels", "count", "mean", "p50", "p99", "max"], hist), (["what", "labels", "value"], vals)]
+        return [(["step time by component", "model", "per step", "share"], parts),
+                (["what", "labels", "count", "mean", "p50", "p99", "max"], hist), (["what", "labels", "value"], vals)]
 
     def __str__(self) -> str:
         out: list[str] = []
@@ -164,6 +223,10 @@ def summary(rt: Runtime | None = None) -> Summary:
         what   labels ...
     """
     data = (rt or runtime()).collect()
+    return Summary(*_rows(data), components=_components(data))
+
+
+def _rows(data: list[MetricData]) -> tuple[tuple[SummaryRow, ...], tuple[SummaryRow, ...]]:
     order = {name: i for i, name in enumerate(_TITLES)}
     hist: list[SummaryRow] = []
     vals: list[SummaryRow] = []
@@ -175,16 +238,43 @@ def summary(rt: Runtime | None = None) -> Summary:
             else:
                 vals.append(SummaryRow(title=md.spec.name, metric=md.spec.name, labels=dict(p.labels),
                                        unit=md.spec.unit, value=p.value))
-    return Summary(tuple(hist), tuple(vals))
+    return tuple(hist), tuple(vals)
+
+
+def _components(data: list[MetricData]) -> tuple[ComponentShare, ...]:
+    """Each model's components by share, largest first; the model with the most step time first."""
+    times: dict[str, dict[tuple[str, str | None], float]] = {}
+    steps: dict[str, int] = {}
+    for md in data:
+        if md.spec.name == "gpuprobe.step.component.duration":
+            for p in md.points:
+                if p.count:
+                    key = (p.labels.get("component", "?"), p.labels.get("processor") or None)
+                    per_model = times.setdefault(p.labels.get("model", ""), {})
+                    per_model[key] = per_model.get(key, 0.0) + p.sum
+        elif md.spec.name == "gpuprobe.step.duration":
+            for p in md.points:
+                if p.labels.get("clock") == "host":
+                    model = p.labels.get("model", "")
+                    steps[model] = steps.get(model, 0) + p.count
+    out: list[ComponentShare] = []
+    for model in sorted(times, key=lambda m: (-sum(times[m].values()), m)):
+        n = steps.get(model, 0)
+        for (component, processor), seconds, share in _by_share(times[model]):
+            out.append(ComponentShare(model=model, component=component, processor=processor, seconds=seconds,
+                                      per_step=seconds / n if n else float("nan"), share=share))
+    return tuple(out)
 
 
 # -- the periodic line ------------------------------------------------------------------------------
 
 _LOGGER = logging.getLogger("gpuprobe")
+_COMPONENTS_KEY = "gpuprobe.step.component.duration"  # in _totals: (component, processor) -> seconds
 
 
 def _totals(data: list[MetricData]) -> dict[str, Any]:
-    """Per metric: histograms summed over their series (bucket counts, count, sum, min, max); gauges' values."""
+    """Per metric: histograms summed over their series (bucket counts, count, sum, min, max); gauges' values;
+    the step components' seconds by ``(component, processor)``."""
     out: dict[str, Any] = {}
     for md in data:
         if md.spec.instrument == "histogram":
@@ -195,6 +285,12 @@ def _totals(data: list[MetricData]) -> dict[str, Any]:
                     if p.labels.get("clock") != "host":
                         continue
                     key = f"{md.spec.name}:{p.labels.get('phase', '')}"
+                elif md.spec.name == "gpuprobe.step.component.duration":
+                    # summed over models: the line says where the process's step time goes
+                    parts = out.setdefault(_COMPONENTS_KEY, {})
+                    part = (p.labels.get("component", "?"), p.labels.get("processor") or None)
+                    parts[part] = parts.get(part, 0.0) + p.sum
+                    continue
                 else:
                     key = md.spec.name
                 counts, n, total, low, high = out.get(key, ([0] * len(p.bucket_counts), 0, 0.0, p.min, p.max))
@@ -204,6 +300,18 @@ def _totals(data: list[MetricData]) -> dict[str, Any]:
             for p in md.points:
                 out[md.spec.name] = out.get(md.spec.name, 0.0) + p.value
     return out
+
+
+def _component_shares(before: dict[tuple[str, str | None], float], after: dict[tuple[str, str | None], float]
+                      ) -> list[str]:
+    """``forward 62 %``, ... for the component time between two totals, largest first; those under 0.5 % left out.
+
+    Example:
+        >>> _component_shares({}, {("forward", None): 0.3, ("logits_processor", "Ban"): 0.6, ("other", None): 0.1})
+        ['logits_processor:Ban 60 %', 'forward 30 %', 'other 10 %']
+    """
+    spent = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    return [f"{component_name(*key)} {share * 100:.0f} %" for key, _s, share in _by_share(spent) if share >= 0.005]
 
 
 class LogLine:
@@ -290,6 +398,9 @@ class LogLine:
             p99 = quantile(bounds, d[0], 0.99, d[3], d[4])
             parts.append(f"{name} p50 {_shown(p50, 's')} p99 {_shown(p99, 's')}" if key != "gpuprobe.probe.duration"
                          else f"{d[1]} probed calls")
+        shares = _component_shares(before.get(_COMPONENTS_KEY, {}), after.get(_COMPONENTS_KEY, {}))
+        if shares:
+            parts.append("step time " + ", ".join(shares))
         if not parts:
             return None
         for key, name in (("gpuprobe.requests.running", "running"), ("gpuprobe.requests.waiting", "waiting")):

@@ -18,8 +18,10 @@ PreDispatch key costs ~1 us an operator in C++ and the kernels ~5 us per synchro
 copy (the same step: 1.9 ms, 2.3 ms with its 21 dtype copies).
 
 The first time a ``(component, processor, op)`` is seen in the process, the Python source line that
-ran it (the nearest frame outside torch, transformers and gpuprobe) is warned about once and kept in
-:class:`SyncSites` (the last 20 are in ``gpuprobe.info()["sync_sites"]``).
+ran it (the nearest frame outside torch, transformers and gpuprobe) is kept in :class:`SyncSites` (the
+last 20 are in ``gpuprobe.info()["sync_sites"]``) and warned about once, unless it is transformers' own
+(the operator ran inside transformers, outside a logits processor or stopping criterion: the stop
+check, ``masking_utils``), which is kept as expected and not warned about.
 
 torch is imported only when an audit is made; this module imports nothing of gpuprobe but the leaves
 :mod:`gpuprobe._placement` and :mod:`gpuprobe._seams`, so the runtime can hold a :class:`SyncSites`.
@@ -41,7 +43,8 @@ SEAM_KERNELS = declare(
     "torch.sync_audit.kernels", library="torch", scenario="sync_audit",
     target="PreDispatch kernels of the synchronising ATen operators (aten::_local_scalar_dense, nonzero, ...)")
 
-__all__ = ["SYNC_OPS", "SyncAudit", "SyncSites", "active", "new_audit", "op_name", "source_line", "flush"]
+__all__ = ["SYNC_OPS", "USERS_COMPONENTS", "SyncAudit", "SyncSites", "active", "new_audit", "op_name", "source_line",
+           "flush"]
 
 # What is counted: every overload of these ATen operators, under the condition in the comment.
 SYNC_OPS: tuple[tuple[str, str], ...] = (
@@ -64,6 +67,14 @@ SYNC_OPS: tuple[tuple[str, str], ...] = (
 )
 
 Where = tuple[str, "str | None"]  # (component, processor)
+
+# Hits of one (where, op) in an audited step looked at while only expected sightings of it are known.
+_RECHECKS = 16
+
+#: Components whose syncs are the user's to act on wherever they run: a logits processor or stopping
+#: criterion the call passed (or asked for). In any other component a sync that ran inside transformers'
+#: own code is expected (see :meth:`SyncSites.seen`).
+USERS_COMPONENTS = frozenset({"logits_processor", "stopping_criteria"})
 
 _ops: frozenset[Any] | None = None
 _names: dict[Any, str] = {}
@@ -232,13 +243,16 @@ class SyncAudit:
     inside an audited step): each counts what runs while it is entered.
     """
 
-    __slots__ = ("where", "counts", "sites", "_guard")
+    __slots__ = ("where", "counts", "sites", "_guard", "_unsettled")
 
     def __init__(self, sites: SyncSites) -> None:
         self.where: Where = ("other", None)
         self.counts: dict[tuple[Where, Any], int] = {}
         self.sites = sites
         self._guard: Any = None
+        # (where, op) whose sightings so far were all expected: their next few hits are looked at too, so
+        # that a sync of the user's behind one of transformers' (same component and operator) is found
+        self._unsettled: set[tuple[Where, Any]] = set()
 
     def __enter__(self) -> SyncAudit:
         audits = getattr(_local, "audits", None)
@@ -271,12 +285,20 @@ class SyncAudit:
         n = self.counts.get(key)
         if n is None:
             self.counts[key] = 1
-            try:
-                self.sites.seen(self.where, op_name(func))
-            except Exception:  # reporting a site must never break the operator
-                pass
+            self._sight(key, func)
         else:
             self.counts[key] = n + 1
+            if n < _RECHECKS and key in self._unsettled:
+                self._sight(key, func)
+
+    def _sight(self, key: tuple[Where, Any], func: Any) -> None:
+        try:
+            if self.sites.seen(self.where, op_name(func)):
+                self._unsettled.discard(key)
+            else:
+                self._unsettled.add(key)
+        except Exception:  # reporting a site must never break the operator
+            pass
 
 
 def _let_hops_through() -> None:
@@ -381,38 +403,61 @@ class SyncSites:
 
     def __init__(self, warn: Callable[[str, str], None], keep: int = 20, limit: int = 10_000) -> None:
         self._warn = warn
-        self._seen: set[tuple[str, str | None, str]] = set()
+        self._seen: set[tuple[tuple[str, str | None, str], bool]] = set()  # (component, processor, op), expected
         self.recent: deque[dict[str, str]] = deque(maxlen=keep)
         self._limit = limit
         self._lock = threading.Lock()
 
-    def seen(self, where: Where, op: str) -> None:
-        """Called from inside an audit the first time a step sees ``(where, op)``; new ones are reported."""
+    def seen(self, where: Where, op: str) -> bool:
+        """Called from inside an audit when a step sees ``(where, op)``; new ones are reported. Returns whether
+        there is nothing more to learn of it (the user's sighting is known), False while only transformers'
+        own sightings are.
+
+        A sync that transformers' own code runs (the stop check, ``masking_utils``, its streamer's copy: the
+        operator ran inside transformers, below the user's ``generate()`` line) is *expected*: kept with
+        ``"expected": True``, counted as any other, and not warned about, since the user cannot change it.
+        One in a logits processor or stopping criterion is the user's whoever wrote the class: they passed it.
+        """
         key = (where[0], where[1], op)
-        if key in self._seen or len(self._seen) >= self._limit:
-            return
+        if len(self._seen) >= self._limit:
+            return True
+        theirs = where[0] in USERS_COMPONENTS
+        if (key, False) in self._seen:
+            return True
+        # A key seen only as expected walks the stack again at its hits in each audited step (the first
+        # _RECHECKS), to find a sync of the user's under the same key: medians of 24-35 us a walk on the busy
+        # 2-core test CPU, two a step for a tiny Llama's generate() (the stop check, masking_utils), against
+        # the ~1.3 ms an audited step costs.
         site, via = source_line()
+        expected = via is not None and not theirs
         with self._lock:
-            if key in self._seen:
-                return
-            self._seen.add(key)
-            entry = {"component": where[0], "op": op, "source": site}
+            if (key, expected) in self._seen:
+                return not expected
+            self._seen.add((key, expected))
+            entry: dict[str, Any] = {"component": where[0], "op": op, "source": site}
             if where[1] is not None:
                 entry["processor"] = where[1]
             if via is not None:
                 entry["via"] = via
+            if expected:
+                entry["expected"] = True
             self.recent.append(entry)
+        if expected:
+            return False
         who = where[0] if where[1] is None else f"{where[0]} {where[1]}"
         inside = f" (inside transformers at {via})" if via is not None else ""
         try:
-            from .experiment.remedies import variant_for_sync_site  # a leaf table; read on a first sighting only
+            # a leaf table; read on a first sighting only
+            from .experiment.remedies import FACTORY_EXAMPLE, FACTORY_WORDS, variant_for_sync_site
 
             variant = variant_for_sync_site(where[0], where[1])
-            measure = f"; gpuprobe try MODEL --variants {variant} measures the run without it" if variant else ""
+            measure = (f"; gpuprobe try {FACTORY_EXAMPLE} --variants {variant} measures the run without it "
+                       f"({FACTORY_WORDS})" if variant else "")
             self._warn(f"sync:{key}", f"gpuprobe: sync audit: {op} in {who} forces a device-to-host "
                                       f"synchronisation on an accelerator, at {site}{inside}{measure}")
         except Exception:  # warnings turned into errors (-W error): telemetry never raises into the program
             pass
+        return True
 
     def clear(self) -> None:
         """Forget every site (reset)."""

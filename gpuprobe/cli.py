@@ -1,7 +1,8 @@
-"""Command line: ``python -m gpuprobe run|demo|report|diff|dashboard|info``.
+"""Command line: ``gpuprobe run|demo|report|diff|dashboard|info|doctor|ncu-args|try`` (also
+``python -m gpuprobe ...``).
 
 Each subcommand lives in its own module and is imported only when asked for, so ``gpuprobe info``
-works with no optional dependency installed.
+works with no optional dependency installed. Every usage line names the command ``gpuprobe``.
 """
 
 from __future__ import annotations
@@ -25,10 +26,36 @@ _COMMANDS = {
 }
 
 
+INFO_USAGE = """\
+usage: gpuprobe info
+
+Print gpuprobe.info() as JSON, as a program started here would see it: the version, the timing, NVTX,
+memory and export backends, the settings' problems, the sync audit and where it saw syncs, profiling,
+kernel sampling, the seams and the GPU health gauges.
+
+options:
+  -h, --help  show this help"""
+
+
 def _usage() -> str:
-    lines = ["usage: python -m gpuprobe [--version] COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: gpuprobe [--version] COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in _COMMANDS.items()]
+    lines += ["", "gpuprobe COMMAND --help shows a command's options."]
     return "\n".join(lines)
+
+
+def _info(args: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in args):
+        print(INFO_USAGE)
+        return 0
+    if args:
+        print(f"gpuprobe info: unknown argument(s) {' '.join(args)} (gpuprobe info takes none; see gpuprobe info "
+              "--help)", file=sys.stderr)
+        return 2
+    import gpuprobe
+
+    print(json.dumps(gpuprobe.info(), indent=2))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module, func, _ = _COMMANDS[name]
     if module is None or func is None:
-        import gpuprobe
-
-        print(json.dumps(gpuprobe.info(), indent=2))
-        return 0
+        return _info(rest)
     try:
         entry = getattr(importlib.import_module(module), func)
     except ImportError as exc:

@@ -1,10 +1,11 @@
-"""``python -m gpuprobe demo``: watch a real transformers ``generate()`` from the inside, on CPU.
+"""``gpuprobe demo``: watch a real transformers ``generate()`` from the inside, on CPU.
 
 A small Llama built from a config (random weights, nothing downloaded) serves a few requests with
 sampling, a repetition penalty and a custom logits processor. gpuprobe instruments the model's real
 ``generate``, serves ``/metrics`` and the live page (``/``: charts in a browser) while it runs, prints one
-line per request, and ends with a table
-of where a step's time goes (per component) and a plot of per-step latency by component.
+line per request, and ends with a table of where a step's time goes (per component); ``--plot`` also
+draws per-step latency by component (``gpuprobe-demo.png`` in the current folder, or the path given).
+Ctrl-C ends it with one line and exit status 130 (during the requests; while it lingers, 0).
 
 Example:
     >>> from gpuprobe.demo import main
@@ -15,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -24,7 +26,11 @@ from typing import Any
 from . import probe, serve
 from .errors import GpuprobeError, missing
 
-__all__ = ["main"]
+__all__ = ["main", "PLOT"]
+
+PLOT = "gpuprobe-demo.png"
+"""The plot's file name when ``--plot`` names none (in the current folder; git-ignored in the repository)."""
+EXIT_INTERRUPTED = 130
 
 
 def _build_model(hidden: int, layers: int, vocab: int) -> Any:
@@ -160,13 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         0
     """
     p = argparse.ArgumentParser(
-        prog="python -m gpuprobe demo",
+        prog="gpuprobe demo",
         description="Instrument a tiny transformers model's real generate() and show where the time goes.")
     p.add_argument("--requests", type=int, default=8, help="generate() calls to make (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per request (default 48)")
     p.add_argument("--port", type=int, default=9464, help="/metrics port (default 9464; 0 picks a free one)")
-    p.add_argument("--plot", default="gpuprobe-demo.png", metavar="PATH.png",
-                   help="where to write the per-step plot (default gpuprobe-demo.png; '' for none)")
+    p.add_argument("--plot", nargs="?", const=PLOT, default=None, metavar="PATH.png",
+                   help=f"also draw the per-step plot: to PATH.png, or {PLOT} in the current folder when no path "
+                        "is given (default: none; matplotlib, the report extra)")
     p.add_argument("--layers", type=int, default=8, metavar="N", help="time decoder layers every N steps (0: off)")
     p.add_argument("--linger", type=float, default=None, metavar="SECONDS",
                    help="keep the live page and /metrics up this long after the last request (default: until "
@@ -182,7 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     # In a terminal the demo keeps serving until Ctrl-C, so the URL it prints still answers; run by a
     # script or a test (no terminal) it ends when the requests are done.
     linger = args.linger if args.linger is not None else (float("inf") if _interactive() else 0.0)
+    done = [0]  # requests finished, for the line Ctrl-C prints
+    try:
+        return _run(args, linger, done)
+    except KeyboardInterrupt:  # one line, not the traceback of wherever the program was
+        print(f"gpuprobe demo: interrupted (Ctrl-C) after {done[0]} of {args.requests} requests", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
+
+def _run(args: argparse.Namespace, linger: float, done: list[int]) -> int:
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -220,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             new = out.shape[0] * (out.shape[1] - ids.shape[1])
             tokens += new
             ttft = exporter.values("gen_ai.server.time_to_first_token")
+            done[0] = i + 1
             print(f"request {i + 1}/{args.requests}: batch {batch}, {new} tokens in {dt:.2f} s "
                   f"({new / dt:.0f} tokens/s), time to first token {ttft[-1] * 1e3:.1f} ms", file=sys.stderr)
         wall = time.perf_counter() - t_all
@@ -230,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         print(_table(series, steps))
         if args.plot:
             _plot(series, args.plot, f"gpuprobe demo: per-step latency by component ({len(steps)} steps)")
-            print(f"\nplot: {args.plot}")
+            print(f"\nplot: {os.path.abspath(args.plot)}")
+        elif args.plot is None:
+            print(f"\n(--plot draws each step's latency by component: {PLOT} in the current folder, or --plot "
+                  "PATH.png)")
         _linger(server, linger)
     finally:
         exporter.detach()

@@ -43,7 +43,7 @@ from . import config
 from ._version import __version__
 from .errors import ConfigError
 
-__all__ = ["Line", "STATES", "diagnose", "render_text", "render_json", "main"]
+__all__ = ["Line", "STATES", "diagnose", "render_text", "render_json", "main", "thread_advice", "usable_cores"]
 
 STATES = ("ok", "off", "fail")
 """The state of a line: works; not asked for or not present (fine); asked for and not working, or broken."""
@@ -54,7 +54,8 @@ SCHEMA = 1
 USAGE = """\
 usage: gpuprobe doctor [--json]
 
-What works on this machine and why not, one line each: Python, torch, transformers, CUDA devices
+What works on this machine and why not, one line each: Python, torch (and whether its threads fit the
+free cores), transformers, CUDA devices
 (and whether their peaks are known for MBU/MFU), device timing, NVTX, kernel sampling, NVML, the
 Prometheus port, the OTLP endpoint, the folders files are written to, and the seams of the
 transformers integration.
@@ -164,6 +165,91 @@ def _torch(ctx: _Context) -> Line:
         reason += f", inside the tested range >={floor}" if inside else \
             f"; below the tested range >={floor} (gpuprobe runs on it untested)"
     return Line("torch", "ok", reason, details)
+
+
+def usable_cores() -> float:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (a container's
+    ``--cpus``); ``os.cpu_count()`` where there is no affinity."""
+    try:
+        cores = float(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        cores = float(os.cpu_count() or 1)
+    quota = _cgroup_quota()
+    return min(cores, quota) if quota is not None else cores
+
+
+def _cgroup_quota() -> float | None:
+    """The cgroup's CPU quota in cores (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cfs_period_us``), or None."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, _, period = f.read().partition(" ")
+        if quota.strip() != "max" and float(period) > 0:
+            return float(quota) / float(period)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+            quota_us = float(f.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+            period_us = float(f.read())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def thread_advice(threads: int, usable: float, load: float, machine: float) -> tuple[float, int | None]:
+    """The cores free for torch, and the thread count to set when ``threads`` exceed them (None: they fit).
+
+    Args:
+        threads: torch's intra-op threads.
+        usable: the cores this process may run on (:func:`usable_cores`).
+        load: the machine's 1-minute load average (runnable processes, over every core).
+        machine: the machine's cores (``os.cpu_count()``); the load is taken as spread evenly over them, so
+            a process held to some of them meets its part of it.
+
+    Example:
+        >>> thread_advice(2, 2.0, 2.6, 2.0)   # a busy 2-core machine: no core free, 2 threads wait for each other
+        (0.0, 1)
+        >>> thread_advice(4, 8.0, 1.0, 8.0)
+        (7.0, None)
+    """
+    share = load * usable / machine if machine > usable else load
+    free = round(max(0.0, usable - share), 1)
+    fits = max(1, round(free))
+    return free, (fits if threads > fits else None)
+
+
+def _threads(ctx: _Context) -> Line:
+    torch = ctx.torch
+    if torch is None:
+        return Line("threads", "off", "torch is not installed", {})
+    threads = int(torch.get_num_threads())
+    usable = usable_cores()
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this system: only the usable cores count
+        load = 0.0
+    machine = float(os.cpu_count() or usable)
+    free, advice = thread_advice(threads, usable, load, machine)
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not given:
+        origin = " (torch's default)"
+    elif given == str(threads):
+        origin = f" (OMP_NUM_THREADS={given})"
+    else:  # torch keeps to its own bound (the machine's cores) or another setting won
+        origin = f" (OMP_NUM_THREADS={given} asks for {given})"
+    details: dict[str, Any] = {"intra_op_threads": threads, "usable_cores": usable, "load_average_1m": load,
+                               "machine_cores": machine, "free_cores": free, "suggested_threads": advice}
+    plural = "s" if threads != 1 else ""
+    where = f"{free:.1f} of {usable:.1f} usable cores free (1-minute load average {load:.2f})"
+    if advice is None:
+        return Line("threads", "ok", f"torch runs {threads} intra-op thread{plural}{origin}; {where}", details)
+    return Line("threads", "ok", f"torch runs {threads} intra-op thread{plural}{origin}, more than the cores free: "
+                                 f"{free:.1f} of {usable:.1f} usable (1-minute load average {load:.2f}); "
+                                 "an operator's threads then wait for cores other programs hold, which can make a "
+                                 f"forward many times slower; set OMP_NUM_THREADS={advice} in the program's "
+                                 f"environment (or call torch.set_num_threads({advice}) in it)", details)
 
 
 def _transformers(ctx: _Context) -> Line:
@@ -538,6 +624,7 @@ _CHECKS: tuple[tuple[str, Callable[[_Context], Line | list[Line]]], ...] = (
     ("python", _python),
     ("settings", _settings),
     ("torch", _torch),
+    ("threads", _threads),
     ("transformers", _transformers),
     ("cuda", _cuda),
     ("device timing", _device_timing),

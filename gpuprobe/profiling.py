@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -109,7 +110,7 @@ class ProfileWindow:
                 self.first = index  # started late (the window's first step had passed): say so
             self._start()
         elif self.state == WindowState.RECORDING and index > self.last:
-            self.stop()
+            self._finish(say=True)
             return
         if self.state == WindowState.RECORDING and self._prof is not None:
             self._mark_step(index)
@@ -159,7 +160,16 @@ class ProfileWindow:
         self._tell(self.on_started)
 
     def stop(self) -> Path | None:
-        """End the window now (also done at step ``last + 1`` and at exit) and write the trace."""
+        """End the window now (also done at step ``last + 1`` and at exit) and write the trace.
+
+        Returns:
+            The trace's path (None when none was written: see :attr:`error`). Ended here, by its caller, the
+            window says nothing; ended on its own (after its last step, at exit) it says on stderr where its
+            trace went, unless a listener (an on-demand capture) says it.
+        """
+        return self._finish(say=False)
+
+    def _finish(self, say: bool) -> Path | None:
         with self._lock:
             if self.state != WindowState.RECORDING:
                 self._detach()
@@ -183,6 +193,9 @@ class ProfileWindow:
         finally:
             self._prof = None
             self._detach()
+        if say and self.on_finished is None and self.path is not None:
+            _say(f"profile window steps {self.first}-{self.last}: trace written to {os.path.abspath(self.path)} "
+                 f"(gpuprobe report {os.path.abspath(self.path)} reads it)")
         self._tell(self.on_finished)
         return self.path
 
@@ -197,7 +210,7 @@ class ProfileWindow:
 
     def close(self) -> None:
         """At exit or reset: write a window still recording, so nothing asked for is lost."""
-        self.stop()
+        self._finish(say=True)
 
     def __repr__(self) -> str:
         return f"<gpuprobe profile window steps {self.first}-{self.last} {self.state.value} {self.path or self.output}>"
@@ -256,6 +269,15 @@ def start_window_from_settings(rt: Runtime) -> ProfileWindow:
     assert cfg.profile_steps is not None
     output = None if cfg.profile_output == "none" else cfg.profile_output
     return profile(cfg.profile_steps, output=output, nsys=cfg.profile_nsys, runtime_=rt, owner="settings")
+
+
+def _say(message: str) -> None:
+    """One line on stderr: a trace the user asked for is said where they look; never raises."""
+    try:
+        sys.stderr.write(f"gpuprobe: {message}\n")
+        sys.stderr.flush()
+    except Exception:  # no usable stderr (a daemon): the trace is still there
+        pass
 
 
 def _profiler_running(torch: Any) -> bool:

@@ -4,7 +4,8 @@ No code change: ``gpuprobe run`` puts a directory holding a ``sitecustomize`` mo
 command's ``PYTHONPATH``, sets the ``GPUPROBE_*`` variables its options name, and *replaces itself*
 with the command (``os.execvpe``), as OpenTelemetry's ``opentelemetry-instrument`` does. The command
 keeps gpuprobe's process id, so its exit status, the signals sent to it (Ctrl-C, ``kill``) and its
-stdout/stderr are its own, unchanged. Inside every Python process it starts, Python imports that
+stdout/stderr are its own, unchanged; before it starts, ``gpuprobe run`` says one line of its own on stderr
+(where ``/metrics`` and the live page will answer, how to capture steps, where traces go). Inside every Python process it starts, Python imports that
 ``sitecustomize`` at start-up, which switches gpuprobe on once the program imports transformers (see
 :mod:`gpuprobe._bootstrap`): every transformers model is instrumented at first use (``generate()`` and
 continuous batching) and ``/metrics`` is served. An existing ``sitecustomize`` still runs after it.
@@ -31,7 +32,7 @@ from . import config
 from ._bootstrap import LAYERS_ENV
 from .errors import ConfigError
 
-__all__ = ["main", "child_environment", "SITECUSTOMIZE_DIR", "DEFAULT_PORT"]
+__all__ = ["main", "child_environment", "start_line", "SITECUSTOMIZE_DIR", "DEFAULT_PORT"]
 
 SITECUSTOMIZE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sitecustomize")
 """The directory put first on the command's ``PYTHONPATH``."""
@@ -146,6 +147,39 @@ def child_environment(options: Mapping[str, str], environ: Mapping[str, str] | N
     return env
 
 
+def start_line(env: Mapping[str, str], pid: int | None = None) -> str:
+    """The one line ``gpuprobe run`` says before the command starts: where ``/metrics`` and the live page
+    will answer, how to capture steps and where traces go (read from the command's environment).
+
+    Example:
+        >>> start_line({"GPUPROBE_PROMETHEUS_PORT": "9500", "GPUPROBE_PROFILE_SIGNAL": "off"}, pid=42)[:94]
+        'gpuprobe run: once the program imports transformers, /metrics at http://127.0.0.1:9500/metrics'
+    """
+    cfg = config.from_environment(env)[0]
+    parts = []
+    if cfg.prometheus_port is None:
+        parts.append("no /metrics (GPUPROBE_PROMETHEUS_PORT is empty)")
+    elif cfg.prometheus_port == 0:
+        parts.append("/metrics and the live page on a free port (gpuprobe.info()['exporters'] names it)")
+    else:
+        port = cfg.prometheus_port + (cfg.local_rank if cfg.port_by_local_rank else 0)
+        host = f"[{cfg.prometheus_addr}]" if ":" in cfg.prometheus_addr else cfg.prometheus_addr
+        parts.append(f"/metrics at http://{host}:{port}/metrics, the live page at http://{host}:{port}/")
+    traces = os.path.abspath(cfg.profile_dir)
+    if cfg.profile_signal != "off":
+        signal = cfg.profile_signal.removeprefix("SIG")
+        parts.append(f"kill -{signal} {os.getpid() if pid is None else pid} captures the next "
+                     f"{cfg.profile_on_demand_steps} steps to {traces}/")
+    else:
+        parts.append(f"captures go to {traces}/")
+    if cfg.profile_steps is not None and cfg.profile_output != "none":
+        first, _, last = cfg.profile_steps.partition("-")
+        output = (f"gpuprobe-steps-{first}-{last or first}-rank{cfg.rank}.json.gz" if cfg.profile_output == "auto"
+                  else cfg.profile_output)
+        parts.append(f"steps {cfg.profile_steps} are traced to {os.path.abspath(output)}")
+    return "gpuprobe run: once the program imports transformers, " + "; ".join(parts)
+
+
 def _resolve(command: str, env: Mapping[str, str]) -> str | None:
     if os.sep in command or (os.altsep and os.altsep in command):
         return command if os.path.exists(command) else None
@@ -180,6 +214,10 @@ def main(argv: list[str] | None = None, *, execvpe: Callable[..., Any] = os.exec
     if path is None:
         print(f"gpuprobe run: {command[0]}: command not found", file=sys.stderr)
         return 127
+    try:
+        print(start_line(env), file=sys.stderr)
+    except Exception as exc:  # the line is a courtesy: the command starts whatever it could not say
+        print(f"gpuprobe run: (where /metrics will answer could not be said: {exc!r})", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

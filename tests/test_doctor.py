@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import versions  # noqa: E402 - scripts/versions.py reads pyproject.toml
 
-CHECKS = ["python", "settings", "torch", "transformers", "cuda", "device timing", "nvtx", "kernel sampling", "nvml",
+CHECKS = ["python", "settings", "torch", "threads", "transformers", "cuda", "device timing", "nvtx", "kernel sampling", "nvml",
           "prometheus", "otlp", "files", "seams"]
 
 
@@ -170,6 +170,54 @@ def test_every_line_on_a_cpu_machine_with_default_settings() -> None:
     assert {"transformers.generate.prefill", "transformers.generate", "transformers.class.generate",
             "transformers.continuous_batching.schedule_batch", "torch.cuda_graph.capture_begin"} <= checked
     assert "transformers.generate.streamer" not in checked  # a caller's streamer: checked when installed
+
+
+@pytest.mark.parametrize(("threads", "usable", "load", "machine", "expected"), [
+    (2, 2.0, 2.6, 2.0, (0.0, 1)),    # a busy 2-core machine: every core taken, two threads wait for each other
+    (2, 2.0, 0.3, 2.0, (1.7, None)),  # a quiet one: they fit
+    (1, 2.0, 9.0, 2.0, (0.0, None)),  # one thread is the fewest: nothing to advise
+    (8, 4.0, 8.0, 16.0, (2.0, 2)),   # held to 4 of 16 cores: a quarter of the machine's load is on them
+    (4, 1.5, 0.0, 1.5, (1.5, 2)),    # a container's quota of 1.5 cores: 2 threads fit it
+])
+def test_thread_advice_compares_torchs_threads_with_the_free_cores(threads: int, usable: float, load: float,
+                                                                   machine: float, expected: tuple) -> None:
+    assert doctor.thread_advice(threads, usable, load, machine) == expected
+
+
+def _threads_line(env: dict[str, str], cores: set[int]) -> dict[str, Any]:
+    """The threads line of ``gpuprobe doctor --json`` in a child held to ``cores``."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPROBE_", "NVTX_", "OMP_"))}
+    full["PYTHONPATH"] = str(ROOT)
+    full.update(env)
+    proc = subprocess.run([sys.executable, "-m", "gpuprobe", "doctor", "--json"], env=full, capture_output=True,
+                          text=True, timeout=120, preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    checks = {c["check"]: c for c in json.loads(proc.stdout)["checks"]}
+    return checks["threads"]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
+                    reason="needs CPU affinity (Linux) and two cores")
+def test_more_torch_threads_than_usable_cores_names_omp_num_threads() -> None:
+    pytest.importorskip("torch")
+    core = {min(os.sched_getaffinity(0))}
+    # held to one core, two threads asked for: what torch runs there, asked of torch itself
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OMP_")}, "OMP_NUM_THREADS": "2"}
+    asked = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                           capture_output=True, text=True, timeout=60, check=True,
+                           preexec_fn=lambda: os.sched_setaffinity(0, core))
+    if int(asked.stdout) != 2:
+        pytest.skip(f"torch runs {asked.stdout.strip()} threads when asked for 2 on one core here")
+    line = _threads_line({"OMP_NUM_THREADS": "2"}, core)
+    assert line["state"] == "ok"
+    assert line["details"]["intra_op_threads"] == 2 and line["details"]["usable_cores"] == 1.0
+    assert line["details"]["suggested_threads"] == 1
+    assert "torch runs 2 intra-op threads (OMP_NUM_THREADS=2), more than the cores free" in line["reason"]
+    assert "set OMP_NUM_THREADS=1" in line["reason"] and "torch.set_num_threads(1)" in line["reason"]
+
+    fits = _threads_line({"OMP_NUM_THREADS": "1"}, core)
+    assert fits["details"]["suggested_threads"] is None
+    assert fits["reason"].startswith("torch runs 1 intra-op thread (OMP_NUM_THREADS=1); ")
+    assert "OMP_NUM_THREADS=1 in" not in fits["reason"]
 
 
 def test_a_bad_setting_fails_the_settings_line_and_the_rest_runs_on_defaults(monkeypatch: pytest.MonkeyPatch,

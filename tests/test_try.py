@@ -589,7 +589,8 @@ def test_the_sync_audit_warning_names_the_variant_that_measures_the_run_without_
         uninstrument(model)
     messages = [str(w.message) for w in caught if "SyncsForTheWarning" in str(w.message)]
     assert messages and messages[0].endswith(
-        "; gpuprobe try MODEL --variants no-logits-processor:SyncsForTheWarning measures the run without it")
+        "; gpuprobe try myfile.py:make --variants no-logits-processor:SyncsForTheWarning measures the run without it "
+        "(make() in myfile.py returns (model, generate_kwargs), your logits processors in them)")
 
 
 def test_importing_gpuprobe_leaves_the_experiment_and_importing_it_leaves_torch() -> None:

@@ -10,6 +10,7 @@ interrupted.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import traceback
@@ -81,7 +82,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default="auto", metavar="LIST",
                    help=f"variants or groups to run (default: auto, all that apply); groups: {', '.join(GROUPS)}; "
                         "names: static-cache, static-cache+compile, attn:IMPL, dtype:DTYPE, "
-                        "no-logits-processor:CLASS, no-stopping-criterion:CLASS, continuous-batching")
+                        "no-logits-processor:CLASS, no-stopping-criterion:CLASS, continuous-batching (processors "
+                        "are a factory's own: a model folder passes none)")
     p.add_argument("--variant", type=_custom, action="append", default=[], metavar="NAME=CODE",
                    help="a change of your own, as Python on model and generate_kwargs (repeatable)")
     p.add_argument("--prompt-lens", type=_positive_list, metavar="LIST", help="prompt lengths to sweep, e.g. 128,512")
@@ -123,9 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     loading: float | None = None
     try:
         from .load import load
-        from .runner import check_variants, try_remedies
+        from .runner import check_folder_variants, check_variants, try_remedies
 
-        check_variants(args.variants.split(","), args.variant)
+        asked = check_variants(args.variants.split(","), args.variant)
+        if os.path.isdir(args.model):  # said before loading: a folder passes no processor of the user's
+            check_folder_variants(asked)
         say(f"loading {args.model}")
         loaded = load(args.model, device=args.device)
         loading = time.perf_counter() - started

@@ -2,19 +2,21 @@
 
 A factory is a callable of no arguments returning ``(model, generate_kwargs)``: the model as it should
 run (device, dtype, attention) and the keyword arguments of its ``generate()`` call, inputs, logits
-processors and stopping criteria included. A folder is loaded with
+processors and stopping criteria included. While ``file.py`` and its factory run, the file's folder is
+first on ``sys.path``, as ``python file.py`` would put it (the modules beside it import). A folder is loaded with
 ``AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)``; its prompt is a fixed text
 through the folder's tokenizer (token ids when it has none), stretched by ``--prompt-lens``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gpuprobe.errors import ConfigError
@@ -55,13 +57,14 @@ def load(spec: str, *, device: str | None = None) -> Loaded:
         hint = (" (a hub name? gpuprobe try downloads nothing: download the model first, e.g. "
                 f"huggingface-cli download {spec} --local-dir DIR, and name DIR)" if spec.count("/") == 1 else "")
         raise ConfigError(f"MODEL {spec!r} is neither a folder nor module:factory{hint}")
-    factory = getattr(_module(module), name, None)
-    if not callable(factory):
-        raise ConfigError(f"MODEL {spec!r}: {module} has no callable {name!r}")
-    try:
-        made = factory()
-    except Exception as exc:
-        raise ModelFailed(Fault.of(exc, f"the factory {spec}")) from exc
+    with _beside(module):
+        factory = getattr(_module(module), name, None)
+        if not callable(factory):
+            raise ConfigError(f"MODEL {spec!r}: {module} has no callable {name!r}")
+        try:
+            made = factory()
+        except Exception as exc:
+            raise ModelFailed(Fault.of(exc, f"the factory {spec}")) from exc
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], Mapping)):
         raise ConfigError(f"MODEL {spec!r}: the factory must return (model, generate_kwargs), got "
                           f"{type(made).__name__}")
@@ -71,8 +74,30 @@ def load(spec: str, *, device: str | None = None) -> Loaded:
     return Loaded(model, dict(kwargs), spec)
 
 
+def _is_file(module: str) -> bool:
+    return module.endswith(".py") or os.sep in module
+
+
+@contextlib.contextmanager
+def _beside(module: str) -> Iterator[None]:
+    """While a ``file.py`` factory's module loads and its factory runs, the file's folder is first on
+    ``sys.path``, as ``python file.py`` puts it: the modules beside the file import. Put back after."""
+    if not _is_file(module):
+        yield
+        return
+    folder = os.path.dirname(os.path.abspath(module))
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        try:
+            sys.path.remove(folder)  # the first one: the one inserted, unless the factory moved it
+        except ValueError:  # the user's code took it out itself
+            pass
+
+
 def _module(module: str) -> Any:
-    if module.endswith(".py") or os.sep in module:
+    if _is_file(module):
         if not os.path.isfile(module):
             raise ConfigError(f"MODEL: no file {module!r}")
         name = "gpuprobe_try_" + os.path.splitext(os.path.basename(module))[0]

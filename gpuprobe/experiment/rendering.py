@@ -40,7 +40,9 @@ def render(result: TryResult, fmt: str = "text") -> str:
 
 
 def _ms(value: float | None) -> str:
-    return "—" if value is None else f"{value * 1e3:.3g} ms"
+    if value is None:
+        return "—"
+    return f"{value * 1e3:.3g} ms" if value < 0.9995 else f"{value:,.3g} s" if value < 999.5 else f"{value:,.0f} s"
 
 
 def _bytes(value: float | None) -> str:
@@ -53,7 +55,12 @@ def _bytes(value: float | None) -> str:
 
 
 def _rate(s: Spread | None) -> str:
-    return "—" if s is None else f"{s.median:.4g} tok/s ({s.q1:.4g}–{s.q3:.4g})"
+    return "—" if s is None else f"{_plain(s.median)} tok/s ({_plain(s.q1)}–{_plain(s.q3)})"
+
+
+def _plain(value: float) -> str:
+    """Four significant digits without an exponent: ``35.97``, ``1,235`` (not ``1.235e+03``)."""
+    return f"{value:,.0f}" if value >= 999.95 else f"{value:.4g}"
 
 
 def _gain(c: Comparison | None) -> str:
@@ -71,8 +78,18 @@ def _memory(v: VariantResult) -> str:
     return f"KV {_bytes(kv.median)}" if kv is not None else "—"
 
 
+def _count(value: float) -> str:
+    """A count per step as people write it: ``2,000``, ``302``, ``1.5``, ``0.25`` (never ``2e+03``).
+
+    Example:
+        >>> [_count(x) for x in (2000.0, 302.4, 99.5, 1.5, 0.25, 0.0)]
+        ['2,000', '302', '99.5', '1.5', '0.25', '0']
+    """
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _syncs(v: VariantResult) -> str:
-    return "—" if v.syncs_per_step is None else f"{v.syncs_per_step:.3g}"
+    return "—" if v.syncs_per_step is None else _count(v.syncs_per_step)
 
 
 def _rows(w: WorkloadResult) -> list[tuple[str, ...]]:

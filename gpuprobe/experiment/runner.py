@@ -8,7 +8,7 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from gpuprobe.config import parse_duration
@@ -18,19 +18,24 @@ from .apply import Prepared, prepare
 from .faults import ModelFailed
 from .measure import Meter
 from .outputs import match, new_tokens
+from .remedies import FACTORY_EXAMPLE, FACTORY_WORDS
 from .result import TryResult, WorkloadResult
 from .rounds import WorkloadRun
+from .stats import FASTER, SLOWER
 from .variants import (COPY, GROUPS, Machine, ModelFacts, NotRun, Variant, catalogue, machine_facts,
                        model_facts, wanted)
 from .workloads import Workload, normalize_inputs, workloads
 
-__all__ = ["try_remedies", "check_variants"]
+__all__ = ["try_remedies", "check_variants", "check_folder_variants", "processor_notes", "asks_processors"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:+\-]+$")
 _PREFIXES = ("attn:", "dtype:", "no-logits-processor:", "no-stopping-criterion:")
 _NAMES = ("static-cache", "static-cache+compile", "continuous-batching")
 # Time kept for writing the result after the last round (seconds).
 _RESERVE_S = 0.5
+#: A variant whose time to first token is at least this many times the baseline's (the rounds agreeing:
+#: verdict ``slower`` on it) gets a note, whatever its tokens/s.
+TTFT_NOTE_TIMES = 1.5
 
 
 def check_variants(asked: Sequence[str], extra: Sequence[Variant] = ()) -> list[str]:
@@ -49,6 +54,59 @@ def check_variants(asked: Sequence[str], extra: Sequence[Variant] = ()) -> list[
                           f"variants: {', '.join(_NAMES)}, attn:<implementation>, dtype:<dtype>, "
                           "no-logits-processor:<class>, no-stopping-criterion:<class>")
     return names
+
+
+def asks_processors(asked: Sequence[str]) -> list[str]:
+    """What of ``asked`` (``--variants``) names the run without a logits processor or stopping criterion."""
+    prefixes = GROUPS["processors"]
+    return [a for a in asked if a == "processors" or any(a.startswith(p) for p in prefixes)]
+
+
+def _factory_form(named: Sequence[str]) -> str:
+    return (f"gpuprobe try {FACTORY_EXAMPLE} --variants {named[0]}, where {FACTORY_WORDS} "
+            "(logits_processor=LogitsProcessorList([...]), docs/try.md)")
+
+
+def check_folder_variants(asked: Sequence[str]) -> None:
+    """Refuse processor variants for a model folder, before it loads: a folder passes no processor of the user's.
+
+    Raises:
+        ConfigError: ``asked`` names processor variants; the message shows the factory form.
+
+    Example:
+        >>> check_folder_variants(["static-cache"])
+    """
+    named = asks_processors(asked)
+    if named:
+        raise ConfigError(f"--variants {','.join(named)}: a model folder carries no logits processor or stopping "
+                          "criterion of yours (transformers builds its own from the generation config), so there "
+                          f"is nothing to run without; name a factory that passes yours: {_factory_form(named)}")
+
+
+def processor_notes(asked: Sequence[str], kwargs: Mapping[str, Any]) -> list[str]:
+    """Why processor variants that ``asked`` names cannot run on these ``generate()`` arguments (empty: they can).
+
+    Example:
+        >>> processor_notes(["processors"], {"input_ids": None})[0][:80]
+        '--variants processors: nothing was run without a processor: the generate() argum'
+    """
+    named = asks_processors(asked)
+    if not named:
+        return []
+    held = {key: [type(p).__name__ for p in (kwargs.get(key) or [])] for key in ("logits_processor",
+                                                                              "stopping_criteria")}
+    if not held["logits_processor"] and not held["stopping_criteria"]:
+        return [f"--variants {','.join(named)}: nothing was run without a processor: the generate() arguments pass "
+                f"no logits_processor or stopping_criteria list; pass yours from a factory: {_factory_form(named)}."]
+    notes = []
+    for name in named:
+        prefix, _, cls = name.partition(":")
+        key = {"no-logits-processor": "logits_processor", "no-stopping-criterion": "stopping_criteria"}.get(prefix)
+        if key is not None and cls not in held[key]:
+            has = ", ".join(dict.fromkeys(held[key])) or "none"
+            notes.append(f"--variants {name}: not run: the generate() arguments' {key} holds no {cls} (it holds: "
+                         f"{has}).")
+    return notes
 
 
 def _check_extra(extra: Sequence[Variant]) -> None:
@@ -184,7 +242,8 @@ def try_remedies(model: Any, inputs: Any, *, budget: float | str = 60.0, variant
     elapsed = time.perf_counter() - started
     result = TryResult(model=model_label or facts.cls, facts=facts, machine=machine, budget_s=budget_s,
                        elapsed_s=elapsed, workloads=results, not_run_workloads=skipped,
-                       notes=_notes(machine, results), fault=failed.fault if failed is not None else None)
+                       notes=processor_notes(asked, kwargs) + _notes(machine, results),
+                       fault=failed.fault if failed is not None else None)
     if failed is not None:
         raise ModelFailed(failed.fault, partial=result if results else None) from failed.__cause__
     return result
@@ -248,4 +307,14 @@ def _notes(machine: Machine, results: list[WorkloadResult]) -> list[str]:
         differ = [v.name for v in w.variants if v.output is not None and not v.output.identical]
         if differ:
             notes.append(f"{w.label}: greedy output differs from the baseline's with {', '.join(differ)}.")
+        for v in w.variants:
+            ttft = v.vs_baseline.get("ttft_s")
+            if ttft is None or v.error is not None or ttft.verdict != SLOWER or not ttft.ratio.median > 0:
+                continue
+            times = 1 / ttft.ratio.median
+            if times >= TTFT_NOTE_TIMES:
+                what = "" if v.verdict != FASTER else ", though faster in tokens/s"
+                notes.append(f"{w.label}: {v.name} takes {times:.1f}× the baseline's time to first token "
+                             f"({ttft.ratio.median:.2f}× gain{what}): its first token waits longer for every "
+                             "request.")
     return notes

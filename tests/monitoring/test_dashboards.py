@@ -53,7 +53,7 @@ def test_check_fails_naming_a_file_that_differs(tmp_path, capsys: pytest.Capture
     assert dash.main(["--check", "--out", str(out), "--prometheus-out", str(prom)]) == 1
     err = capsys.readouterr().err
     assert f"{path} differs" in err and "gpuprobe-alerts.yml is missing" in err
-    assert "python -m gpuprobe dashboard" in err
+    assert "regenerate with: gpuprobe dashboard" in err
 
 
 def test_writing_then_checking_round_trips(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -47,7 +47,7 @@ def test_python_dash_m_gpuprobe_run_passes_the_exit_status_too(tmp_path: Path) -
     assert done.returncode == 41, done.stderr
 
 
-def test_stdout_and_stderr_are_byte_for_byte_what_the_command_writes(tmp_path: Path) -> None:
+def test_stdout_and_stderr_are_byte_for_byte_what_the_command_writes_after_one_line_of_its_own(tmp_path: Path) -> None:
     app = _script(tmp_path, """
         import sys
         sys.stdout.write("out ünïcode\\n" + "x" * 70000 + "\\n")
@@ -56,7 +56,10 @@ def test_stdout_and_stderr_are_byte_for_byte_what_the_command_writes(tmp_path: P
     """)
     direct = subprocess.run([PY, str(app)], cwd=tmp_path, env=child_env(), capture_output=True, timeout=60)
     wrapped = _run(["--", PY, str(app)], tmp_path)
-    assert (wrapped.stdout, wrapped.stderr, wrapped.returncode) == (direct.stdout, direct.stderr, 0)
+    # gpuprobe run's own line (where /metrics will answer) comes first, before the command starts
+    own, _, rest = wrapped.stderr.partition(b"\n")
+    assert own.startswith(b"gpuprobe run: once the program imports transformers, /metrics at http://127.0.0.1:9464/")
+    assert (wrapped.stdout, rest, wrapped.returncode) == (direct.stdout, direct.stderr, 0)
 
 
 def test_the_command_replaces_gpuprobe_run_and_receives_its_signals(tmp_path: Path) -> None:
@@ -115,7 +118,10 @@ def test_a_python_program_gets_its_models_instrumented_and_metrics_served(tmp_pa
     assert scrape.value("gen_ai_server_time_to_first_token_seconds_count") == 1
     assert scrape.value("gpuprobe_step_duration_seconds_count", phase="decode", clock="host") == 3
     assert scrape.value("gpuprobe_layer_duration_seconds_count") > 0  # --layers 1: every decode step
-    assert done.stderr == b""  # nothing of gpuprobe's own on the command's stderr
+    # nothing of gpuprobe's own on the command's stderr but gpuprobe run's one line, before the command
+    assert done.stderr.startswith(f"gpuprobe run: once the program imports transformers, /metrics at "
+                                  f"http://127.0.0.1:{port}/metrics".encode())
+    assert done.stderr.count(b"\n") == 1
 
 
 def test_a_console_script_gets_gpuprobe_too(tmp_path: Path) -> None:
@@ -175,7 +181,8 @@ def test_an_existing_sitecustomize_still_runs(tmp_path: Path) -> None:
         print(sitecustomize.MARK, any(type(f).__name__ == "_AfterImport" for f in sys.meta_path))
     """)
     done = _run(["--", PY, str(app)], tmp_path, PYTHONPATH=str(theirs))
-    assert (done.stdout, done.stderr) == (b"theirs ran True\n", b"")
+    own, _, rest = done.stderr.partition(b"\n")  # gpuprobe run's one line, then the command's stderr
+    assert own.startswith(b"gpuprobe run: ") and (done.stdout, rest) == (b"theirs ran True\n", b"")
 
 
 def test_a_process_that_never_imports_transformers_binds_no_port(tmp_path: Path) -> None:
