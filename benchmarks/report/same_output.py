@@ -85,7 +85,11 @@ def write(target: Path, tree: Path, extra: list[str]) -> list[str]:
     todo = cases(extra)
     env = dict(os.environ, PYTHONPATH=str(tree))
     lines = "\n".join("\t".join(c) for c in todo)
-    subprocess.run([sys.executable, "-c", _CHILD, str(target)], input=lines, text=True, env=env, check=True, cwd=ROOT)
+    # cwd: an empty folder, not ROOT, whose gpuprobe `python -c` would import before the tree's (the working
+    # folder comes first on its path)
+    with tempfile.TemporaryDirectory() as empty:
+        subprocess.run([sys.executable, "-c", _CHILD, str(target)], input=lines, text=True, env=env, check=True,
+                       cwd=empty)
     return [c[0] for c in todo]
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "OpRow",
     "OpRows",
     "Spread",
+    "StreamOverlaps",
     "Windows",
     "quantile",
     "spread_of",
@@ -161,6 +162,27 @@ class OpRows:
         self.category = category
         self.stream_id = stream_id
         self.launch = launch
+
+
+class StreamOverlaps:
+    """Kernels that overlap in time an earlier one of their stream (the same device and stream), which a
+    CUDA or HIP stream never runs: a trace holding some kernels twice, or kernels that overlap by design
+    (programmatic dependent launch, graph nodes). Kernels of no duration take no part.
+
+    Attributes:
+        kernels: Kernels that start before the end of one of their stream that started no later.
+        duplicates: Of those, the kernels equal to another of their stream (name, start and duration).
+        extra_ns: Kernel time counted more than once: the durations' sum less their union, per stream.
+        stream_ids: The streams where they are (ids of :attr:`TraceScan.streams`), ascending.
+    """
+
+    __slots__ = ("kernels", "duplicates", "extra_ns", "stream_ids")
+
+    def __init__(self, *, kernels: int, duplicates: int, extra_ns: int, stream_ids: list[int]) -> None:
+        self.kernels = kernels
+        self.duplicates = duplicates
+        self.extra_ns = extra_ns
+        self.stream_ids = stream_ids
 
 
 class ByThread(Protocol):

@@ -15,6 +15,7 @@ from gpuprobe.report._columns import (
     OpRow,
     OpRows,
     Spread,
+    StreamOverlaps,
     Windows,
     KERNEL_KIND,
     MEMCPY_KIND,
@@ -187,6 +188,48 @@ class NumpyColumns:
 
     def union_all(self) -> int:
         return self._union(self.op_start, self.op_start + self.op_dur)
+
+    def stream_overlaps(self) -> StreamOverlaps:
+        np = self.np
+        sel = self.is_kernel & (self.op_dur > 0)
+        stream = self.op_stream_id[sel]
+        n = len(stream)
+        none = StreamOverlaps(kernels=0, duplicates=0, extra_ns=0, stream_ids=[])
+        if n < 2:
+            return none
+        start = self.op_start[sel]
+        dur = self.op_dur[sel]
+        name = self.op_name_id[sel]
+        order = np.lexsort((start, stream))
+        stream, start, dur, name = stream[order], start[order], dur[order], name[order]
+        end = start + dur
+        del order
+        same = stream[1:] == stream[:-1]
+        # why first: a kernel that overlaps an earlier one of its stream overlaps the one just before it
+        # (their starts ascend), so one comparison says "none", as in every real trace but two of tests/data;
+        # the sort and this take 1 to 8 ms for the 152,064 kernels of a 200 MB synthetic trace (a 3 s report),
+        # the running end below three sorts more
+        if not np.any(same & (start[1:] < end[:-1])):
+            return none
+        # The running end of each stream: a maximum that starts again with each stream, as one accumulate
+        # over (stream, rank of the end) keys, the stream in the high part.
+        by_end = np.argsort(end, kind="stable")
+        rank = np.empty(n, dtype=np.int64)
+        rank[by_end] = np.arange(n, dtype=np.int64)
+        segment = np.concatenate(([0], np.cumsum(~same, dtype=np.int64)))
+        key = segment * n + rank
+        np.maximum.accumulate(key, out=key)
+        cover = end[by_end[key - segment * n]][:-1]  # the running end before each kernel but the first
+        del by_end, rank, key
+        over = same & (start[1:] < cover)
+        covered = np.where(over, np.minimum(end[1:], cover) - start[1:], 0)  # the part counted again
+        rows = np.lexsort((name, dur, start, stream))  # equal kernels side by side
+        twice = np.ones(n - 1, dtype=bool)
+        for column in (stream, start, dur, name):
+            ordered = column[rows]
+            twice &= ordered[1:] == ordered[:-1]
+        return StreamOverlaps(kernels=int(over.sum()), duplicates=int(twice.sum()), extra_ns=int(covered.sum()),
+                              stream_ids=np.unique(stream[1:][over]).tolist())
 
     def kernel_groups(self) -> list[KernelGroup]:
         np = self.np

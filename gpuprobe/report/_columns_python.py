@@ -15,6 +15,7 @@ from gpuprobe.report._columns import (
     OpRow,
     OpRows,
     Spread,
+    StreamOverlaps,
     Windows,
     KERNEL_KIND,
     MEMCPY_KIND,
@@ -130,6 +131,32 @@ class PythonColumns:
 
     def union_all(self) -> int:
         return union_of(list(zip(self.op_start, self.op_end)))
+
+    def stream_overlaps(self) -> StreamOverlaps:
+        """Kernels that overlap an earlier one of their stream, in time."""
+        by_stream: dict[int, list[tuple[int, int, int]]] = {}
+        for k, sid, start, end, name in zip(self.op_kind, self.op_stream_id, self.op_start, self.op_end,
+                                            self.op_name_id):
+            if k == KERNEL_KIND and end > start:
+                by_stream.setdefault(sid, []).append((start, end, name))
+        kernels = duplicates = extra = 0
+        streams = []
+        for sid in sorted(by_stream):
+            rows = sorted(by_stream[sid])
+            cover = None
+            found = 0
+            for start, end, _ in rows:
+                if cover is not None and start < cover:
+                    found += 1
+                    extra += min(end, cover) - start  # the part already covered, counted again
+                    cover = max(cover, end)
+                else:
+                    cover = end if cover is None else max(cover, end)
+            if found:
+                kernels += found
+                duplicates += len(rows) - len(set(rows))
+                streams.append(sid)
+        return StreamOverlaps(kernels=kernels, duplicates=duplicates, extra_ns=extra, stream_ids=streams)
 
     def kernel_groups(self) -> list[KernelGroup]:
         """One group per kernel name, by name id."""

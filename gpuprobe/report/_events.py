@@ -95,8 +95,10 @@ class TraceInfo:
         source: ``"kineto"`` or ``"nsys"``.
         devices: GPU names.
         base_time_ns: Wall-clock time (ns since the Unix epoch) of the trace clock's zero, if known.
-        skipped_events: Events that were malformed and left out.
-        skipped_reasons: How many of them for each reason (``"not a JSON object"``, ...).
+        skipped_events: Events that were left out: malformed, or of a phase the report does not read.
+        skipped_reasons: How many malformed ones for each reason (``"not a JSON object"``, ...).
+        skipped_phases: How many of a phase the report does not read, by kind and phase (``"kernel
+            events of phase 'B'"``: kineto reads complete events, ``X``, only).
         correlation_by_process: Whether correlation ids are unique per process only (nsys), so
             the join of a launch and its GPU work also matches the process.
         notes: Remarks of the loader worth showing (unclosed ranges, ...).
@@ -116,6 +118,7 @@ class TraceInfo:
         self.base_time_ns: int | None = None
         self.skipped_events = 0
         self.skipped_reasons: dict[str, int] = {}
+        self.skipped_phases: dict[str, int] = {}
         self.correlation_by_process = source == "nsys"
         self.notes: list[str] = []
         self.rank: int | None = None
@@ -126,6 +129,11 @@ class TraceInfo:
         """Count one event left out for ``reason``."""
         self.skipped_events += 1
         self.skipped_reasons[reason] = self.skipped_reasons.get(reason, 0) + 1
+
+    def skip_phase(self, phase: str) -> None:
+        """Count one event left out for its phase (``phase``: its kind and phase, as :attr:`skipped_phases`)."""
+        self.skipped_events += 1
+        self.skipped_phases[phase] = self.skipped_phases.get(phase, 0) + 1
 
 
 class FloatText(str):

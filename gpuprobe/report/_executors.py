@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuprobe.errors import ConfigError
 
-__all__ = ["EXECUTOR_HELP", "open_executor", "is_local"]
+__all__ = ["EXECUTOR_HELP", "open_executor", "is_local", "check_address"]
 
 #: The ``--executor`` help text.
 EXECUTOR_HELP = (
@@ -59,8 +59,10 @@ def open_executor(spec: str | None) -> Iterator[concurrent.futures.Executor | No
         address = None
     elif text.startswith("dask://"):
         address = "tcp://" + text[len("dask://"):]
+        check_address(address, text)
     elif text.startswith(_DASK_PROTOCOLS):
         address = text
+        check_address(address, text)
     else:
         raise ConfigError(
             f"unknown executor {spec!r}: 'processes', a Dask scheduler address (tcp://HOST:PORT, dask://HOST:PORT) "
@@ -68,6 +70,51 @@ def open_executor(spec: str | None) -> Iterator[concurrent.futures.Executor | No
         )
     with _dask_client(address) as client:
         yield client.get_executor()
+
+
+def check_address(address: str, given: str | None = None) -> None:
+    """Nothing if ``address`` is a Dask scheduler address this process can reach: ``PROTOCOL://HOST:PORT``
+    (an IPv6 host in brackets), its port a number from 1 to 65535.
+
+    Checked before a client is made: Dask's ``Client`` refuses a malformed address only once it has
+    started, and then blocks the interpreter's exit for 20 s closing itself (with a traceback).
+
+    Args:
+        address: The address Dask is given.
+        given: How the user wrote it, for the message (``dask://HOST:PORT``); ``address`` if None.
+
+    Raises:
+        ConfigError: The address, as given, and what is wrong with it.
+
+    Example:
+        >>> check_address("tcp://127.0.0.1:8786")
+        >>> check_address("tcp://127.0.0.1:notaport")
+        Traceback (most recent call last):
+        ...
+        gpuprobe.errors.ConfigError: bad Dask scheduler address 'tcp://127.0.0.1:notaport': the port must be a whole number from 1 to 65535, not 'notaport'
+    """
+    shown = given if given is not None else address
+    protocol, _, rest = address.partition("://")
+
+    def bad(problem: str) -> ConfigError:
+        return ConfigError(f"bad Dask scheduler address {shown!r}: {problem}")
+
+    if protocol == "inproc":
+        raise bad("an inproc:// address names a scheduler inside one process; name its tcp:// address instead")
+    if rest.startswith("["):  # an IPv6 host: [::1]:8786
+        host, bracket, tail = rest[1:].partition("]")
+        if not bracket or not tail.startswith(":"):
+            raise bad("an IPv6 host in brackets must be followed by ':PORT' ([::1]:8786)")
+        port = tail[1:]
+    else:
+        host, colon, port = rest.rpartition(":")
+        if not colon:
+            raise bad(f"no port: {protocol}://HOST:PORT (Dask's scheduler listens on 8786 by default)")
+    if not host or any(c.isspace() or c in "/?#@[]" for c in host):
+        raise bad(f"no host name or IP address before the port ({protocol}://HOST:PORT)" if not host else
+                  f"{host!r} is not a host name or IP address")
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise bad(f"the port must be a whole number from 1 to 65535, not {port!r}")
 
 
 @contextlib.contextmanager
@@ -81,6 +128,14 @@ def _dask_client(address: str | None) -> Iterator[Any]:
         raise missing("distributed", "report-dask") from exc
     configured = address or dask.config.get("scheduler-address", None)
     if configured:
+        if not address:  # Dask's configuration names it (DASK_SCHEDULER_ADDRESS, its files)
+            where = "in Dask's configuration, DASK_SCHEDULER_ADDRESS or scheduler-address"
+            if not isinstance(configured, str) or "://" not in configured:
+                raise ConfigError(f"bad Dask scheduler address {configured!r} ({where}): PROTOCOL://HOST:PORT")
+            try:
+                check_address(configured)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} ({where})") from None
         try:
             client = Client(configured, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
         except (OSError, ValueError, TypeError) as exc:  # unreachable, timed out, or not an address

@@ -29,6 +29,7 @@ the caller's frames), at most :data:`MAX_DEPTH` levels for ijson; integers of at
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import json
@@ -77,9 +78,15 @@ __all__ = [
     "Part",
     "open_part",
     "MalformedEventError",
+    "UnreadPhase",
     "DurationReadAsZero",
     "MAX_VALUE_CHARS",
     "MAX_DEPTH",
+    "SNIFF_BYTES",
+    "EXPECTED",
+    "json_encoding",
+    "encoding_name",
+    "not_json",
 ]
 
 _CHUNK = 1 << 20  # why: 64 KiB to 4 MiB all scan 100 MB in 2.2-2.5 s here; 1 MiB bounds the buffer
@@ -153,9 +160,124 @@ def open_part(raw: IO[bytes], part: Part) -> IO[bytes]:
     return io.BufferedReader(_Head(raw, part.at), _CHUNK)  # type: ignore[arg-type]
 
 
+class _Utf8:
+    """A binary stream of text in another encoding, read as UTF-8 bytes (for ijson, which reads UTF-8 only)."""
+
+    def __init__(self, raw: IO[bytes], encoding: str) -> None:
+        self.raw = raw
+        self.decoder = codecs.getincrementaldecoder(encoding)(errors="strict")
+        self.pending = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self.pending) < size:
+            data = self.raw.read(_CHUNK if size < 0 else max(size, 4))
+            self.pending += self.decoder.decode(data, final=not data).encode("utf-8")
+            if not data:
+                break
+        if size < 0:
+            out, self.pending = self.pending, b""
+        else:
+            out, self.pending = self.pending[:size], self.pending[size:]
+        return out
+
+
+#: Bytes of the start of a file read to tell its text encoding and whether it starts as JSON does.
+SNIFF_BYTES = 4096
+#: What ``gpuprobe report`` reads, said when a file is none of it.
+EXPECTED = ("gpuprobe report reads PyTorch profiler traces (JSON text: .json, .json.gz), Nsight Systems SQLite "
+            "exports (nsys export --type sqlite) and Nsight Compute exports (CSV, .ncu-rep)")
+_ENCODING_NAMES = {"utf-8": "UTF-8", "utf-16": "UTF-16", "utf-16-le": "UTF-16 (little-endian)",
+                   "utf-16-be": "UTF-16 (big-endian)", "utf-32": "UTF-32", "utf-32-le": "UTF-32 (little-endian)",
+                   "utf-32-be": "UTF-32 (big-endian)"}
+_JSON_WS = " \t\r\n"
+# the start of a line of Python source: a shebang naming python, an import, a definition, the main guard
+_PYTHON = re.compile(r"^(?:#!.*python|import \w|from [\w.]+ import |def \w+\s*\(|class \w+\s*[(:]|if __name__ ==)",
+                     re.M)
+
+
+def json_encoding(head: bytes) -> str:
+    """The text encoding of a JSON file from its first bytes: UTF-8, or UTF-16 or UTF-32 where a byte-order
+    mark says so or where the NUL bytes of its first characters fall (they are ASCII in JSON text: RFC 8259
+    section 8.1, RFC 4627 section 3), if its first character is then one JSON text can start with.
+
+    A UTF-8 byte-order mark is UTF-8 (the reader skips it); the ``utf-16`` and ``utf-32`` codecs read a
+    byte-order mark of theirs.
+
+    Example:
+        >>> json_encoding('{"traceEvents": []}'.encode("utf-16-le")), json_encoding(b'{"a": 1}')
+        ('utf-16-le', 'utf-8')
+        >>> json_encoding("[]".encode("utf-16")), json_encoding(b"\\xff\\xfe\\x00\\x01binary")
+        ('utf-16', 'utf-8')
+    """
+    if head.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        found = "utf-32"
+    elif head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        found = "utf-16"
+    elif len(head) >= 4 and head[:3] == b"\x00\x00\x00" and head[3]:
+        found = "utf-32-be"
+    elif len(head) >= 4 and head[0] and head[1:4] == b"\x00\x00\x00":
+        found = "utf-32-le"
+    elif len(head) >= 2 and not head[0] and head[1]:
+        found = "utf-16-be"
+    elif len(head) >= 2 and head[0] and not head[1]:
+        found = "utf-16-le"
+    else:
+        return "utf-8"
+    width = 4 if found.startswith("utf-32") else 2
+    text = head[: len(head) - len(head) % width].decode(found, errors="replace").lstrip("\ufeff" + _JSON_WS)
+    # NUL bytes where UTF-16 or UTF-32 puts them, but no JSON in that encoding: bytes of another kind
+    return found if not text or (text[0].isascii() and text[0].isprintable()) else "utf-8"
+
+
+def encoding_name(encoding: str) -> str:
+    """How messages name a codec of :func:`json_encoding` (``UTF-16 (little-endian)``)."""
+    return _ENCODING_NAMES.get(encoding, encoding)
+
+
+def not_json(text: str, path: str = "") -> str | None:
+    """Why a file that begins with ``text`` (its first characters, decoded) is not a trace, or None if it
+    begins as a trace does (``{`` or ``[``), is empty, or cannot be told from ``text``.
+
+    Example:
+        >>> not_json("import os\\n")[:84]
+        "not a trace: not JSON text (it begins with 'import os', and looks like Python source"
+        >>> not_json('  {"traceEvents": []}') is None
+        True
+    """
+    start = text.lstrip("\ufeff" + _JSON_WS)
+    if not start or start[0] in "{[\ufffd":  # empty, a trace, or not text of this encoding: said when read
+        return None
+    python = path.endswith((".py", ".pyw", ".pyi")) or start.startswith(('"""', "'''")) or _PYTHON.search(start)
+    if not python and (start[0] in '"-0123456789' or start.startswith(("true", "false", "null"))):
+        return (f"not a trace: the top-level JSON value is not an object (a trace is an object with a "
+                f"'traceEvents' list); {EXPECTED}")
+    line = start.splitlines()[0].strip()
+    begins = line[:40] + ("…" if len(line) > 40 else "")
+    if python:
+        looks = ", and looks like Python source"
+    elif start[0] == "<":
+        looks = ", and looks like HTML or XML"
+    else:
+        looks = ""
+    return f"not a trace: not JSON text (it begins with {begins!r}{looks}); {EXPECTED}"
+
+
 class MalformedEventError(Exception):
     """One event has a malformed time, name or thread, or is not an object; the loader leaves it out
     and counts it under its reason (the message: a fixed phrase, no value of the event)."""
+
+
+class UnreadPhase(MalformedEventError):
+    """An event of a kind the report reads, in a phase it does not: only complete events (``"ph": "X"``)
+    are read, so kernels written as ``B``/``E`` pairs (or instants) are left out, refused as a malformed
+    event is. The message names the kind and the phase (a fixed phrase, the loader counts by it)."""
+
+    def __init__(self, kind: str, phase: Any) -> None:
+        if type(phase) is str:
+            said = f"of phase {phase!r}" if len(phase) <= 8 else f"of phase {phase[:8] + '…'!r}"
+        else:
+            said = "without a phase" if phase is None else "whose phase is not a string"
+        super().__init__(f"{kind} events {said}")
 
 
 class DurationReadAsZero(Exception):
@@ -652,6 +774,8 @@ def iter_raw_ijson(
         raise TraceFormatError(f"invalid JSON: {text.splitlines()[0]}") from None
     except common.JSONError as exc:
         raise TraceFormatError(f"invalid JSON: {str(exc).strip().splitlines()[0]}") from None
+    except UnicodeDecodeError:  # text not of its encoding (UTF-16 read as UTF-8 for ijson): said by the caller
+        raise
     except ValueError as exc:  # an integer past Python's digit limit
         raise _value_error(exc, reader.mark) from None
     except RecursionError:  # pragma: no cover - the builder is iterative; kept for other backends
@@ -824,17 +948,20 @@ def to_event(raw: Any, clamp: bool = False) -> Event | None:
 
     Raises:
         MalformedEventError: An element that is not an object, or a used event with a malformed
-            time, name or thread (the caller counts it as skipped).
+            time, name or thread (the caller counts it as skipped); :class:`UnreadPhase`, one, for an
+            event of a used kind in a phase other than ``X``.
         DurationReadAsZero: Without ``clamp``, a used event whose duration is negative, null or missing.
     """
     t = type(raw)
     if t is dict:
         if raw.get("ph") != "X":
+            _unread(raw.get("cat"), raw.get("ph"))
             return None
         raw = RawFields(raw)
     elif t not in _RECORD_TYPES:
         raise MalformedEventError(NOT_AN_OBJECT)  # the Trace Event Format has objects only
     elif raw.ph != "X":
+        _unread(raw.cat, raw.ph)
         return None
     cat = raw.cat
     if type(cat) is not str:
@@ -894,6 +1021,14 @@ def to_event(raw: Any, clamp: bool = False) -> Event | None:
     nbytes = int_or(args.nbytes)
     direction = memcpy_direction(name) if kind is MEMCPY else ""
     return Event(kind, name, start, dur, pid, tid, corr, nbytes, stream, device, direction)
+
+
+def _unread(cat: Any, phase: Any) -> None:
+    """Nothing for an event of no kind the report reads (flows, metadata, counters); else the
+    :class:`UnreadPhase` of an event of a phase other than ``X`` (kernels as ``B``/``E`` pairs)."""
+    kind = CAT_KIND.get(cat) if type(cat) is str else None
+    if kind is not None:
+        raise UnreadPhase(kind, phase)
 
 
 # matrix products: (position of the first factor among the inputs, batched)
@@ -1016,6 +1151,32 @@ class KinetoTrace(Trace):
         super().__init__(path, fmt)
         self.engine = _resolve(engine)  # "msgspec", "stdlib" or "ijson"
         self._zeroed: dict[str, int] = {}
+        self._encoding: str | None = None
+
+    def encoding(self) -> str:
+        """The codec of the file's text (of its decompressed bytes for gzip): ``utf-8``, or UTF-16 or UTF-32
+        as its first bytes say (:func:`json_encoding`; Windows tools write UTF-16).
+
+        Raises:
+            ReportInputError: The file's first characters are not those of JSON text (:func:`not_json`).
+        """
+        if self._encoding is None:
+            head = b""
+            try:
+                with open(self.path, "rb") as raw:
+                    if self.format == "kineto-gzip":
+                        with gzip.GzipFile(fileobj=raw, mode="rb") as unpacked:
+                            head = unpacked.read(SNIFF_BYTES)
+                    else:
+                        head = raw.read(SNIFF_BYTES)
+            except (OSError, EOFError, zlib.error):
+                pass  # a corrupt or cut gzip stream: said when the file is read
+            encoding = json_encoding(head)
+            problem = not_json(head.decode(encoding, errors="replace"), self.path)
+            if problem is not None:
+                raise self._fail(problem)
+            self._encoding = encoding
+        return self._encoding
 
     def events(self, progress: Progress | None = None) -> Iterator[Event]:
         self.info = TraceInfo(self.source)
@@ -1058,6 +1219,9 @@ class KinetoTrace(Trace):
             self.info = TraceInfo(self.source)
         self._zeroed = {}
         meta = {} if meta is None else meta
+        encoding = "utf-8" if part is not None and part.tail else self.encoding()
+        if part is not None and encoding != "utf-8":
+            raise ValueError("only a UTF-8 trace can be read in parts")
         with open(self.path, "rb") as raw:
             on_chunk = None
             if progress is not None:
@@ -1073,9 +1237,11 @@ class KinetoTrace(Trace):
                 binary = open_part(raw, part)
             try:
                 if self.engine == "ijson":
+                    if encoding != "utf-8":  # ijson reads UTF-8 bytes
+                        binary = _Utf8(binary, encoding)
                     yield from ([item] for item in iter_raw_ijson(binary, meta, on_chunk))
                 else:
-                    text = io.TextIOWrapper(binary, encoding="utf-8", errors="strict", newline="")
+                    text = io.TextIOWrapper(binary, encoding=encoding, errors="strict", newline="")
                     yield from iter_raw_batches(text, meta, on_chunk, typed=self.engine == "msgspec", part=part)
             except TraceFormatError as exc:
                 raise self._fail(str(exc)) from None
@@ -1084,7 +1250,7 @@ class KinetoTrace(Trace):
             except (gzip.BadGzipFile, zlib.error) as exc:
                 raise self._fail(f"corrupt gzip data ({exc})") from None
             except UnicodeDecodeError as exc:
-                raise self._fail(f"not UTF-8 text at byte {exc.start}: not a JSON trace") from None
+                raise self._fail(f"not {encoding_name(encoding)} text at byte {exc.start}: not a JSON trace") from None
             except OSError as exc:
                 raise self._fail(f"cannot read: {exc.strerror or exc}") from None
         if part is None:
@@ -1093,6 +1259,9 @@ class KinetoTrace(Trace):
     def refused(self, item: Any, exc: MalformedEventError | DurationReadAsZero) -> Event | None:
         """The event of an element :func:`to_event` refused: None and a count of it as skipped, or (a
         duration read as 0 ns) the event and a count of that."""
+        if isinstance(exc, UnreadPhase):
+            self.info.skip_phase(str(exc))
+            return None
         if isinstance(exc, DurationReadAsZero):
             try:
                 event = to_event(item, clamp=True)

@@ -1,11 +1,13 @@
-"""Reports across ranks: one trace per rank, analysed in parallel (one worker process per trace,
-at most ``jobs`` at once), then merged from the per-rank reports alone.
+"""Reports across ranks: one trace per rank, analysed in parallel, then merged from the per-rank
+reports alone.
 
-Each worker reads its trace in one streaming pass, as a single-trace report does, and returns the
-report and the start of each collective; nothing else of a trace leaves its worker, so memory is
-bounded per worker and the merge is cheap. The merged report sums the ranks (per step, per kernel,
-per category, ...), adds a ``ranks`` section (per-rank communication, overlap, stragglers, the skew
-of collectives across ranks) and the findings that only several ranks show.
+Each rank's trace is read in one streaming pass, as a single-trace report does, and gives the report
+and the start of each collective; nothing else of a trace leaves its reader, so memory is bounded per
+reader and the merge is cheap. Where the ranks are read (:func:`analyze_ranks`): all in this process when
+their text is small in all (:data:`IN_PROCESS_BYTES`), else by a pool of at most ``jobs`` worker
+processes, each reading one rank after another. The merged report sums the ranks (per step, per kernel,
+per category, ...), adds a ``ranks`` section (per-rank communication, overlap, stragglers, the skew of
+collectives across ranks) and the findings that only several ranks show.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import json
 import os
 import pickle
 import statistics
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,17 +33,27 @@ from gpuprobe.report._context import MergeContext, Options
 from gpuprobe.report._errors import ReportInputError
 from gpuprobe.report._findings import order, parse_thresholds
 from gpuprobe.report._scan import TraceScan
+from gpuprobe.report._split import usable_cpus
 from gpuprobe.report.loaders import gpu_processes, load
 from gpuprobe.report.schema import Finding, RanksSection, Report
 from gpuprobe.report.sections import BY_NAME, DEFAULT_SECTIONS, REGISTRY
 from gpuprobe.report.sections.communication import collective_starts
 
 __all__ = ["RankResult", "analyze_ranks", "rank_files", "rank_units", "several_ranks", "rank_task", "worker_main",
-           "TRACE_SUFFIXES"]
+           "text_bytes", "TRACE_SUFFIXES", "IN_PROCESS_BYTES", "RECYCLE_BYTES"]
 
 #: File names a directory of traces is read for.
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite")
 _ALL = 1_000_000  # rows kept per section in each rank's report: the merge needs them all
+#: Ranks of fewer bytes of text than this in all (:func:`text_bytes`) are read in this process, one after
+#: another. Why: a worker process costs about 0.3 s of CPU to start (gpuprobe's imports), which reading
+#: side by side saves only past about 10 MB on two CPUs (16 ranks of 1 MB: 1.0 s of CPU here, 1.6 s
+#: through two workers; 1,000 ranks of 12 KB: 1.7 s here, where one fresh process per rank cost 0.37 s
+#: of CPU each).
+IN_PROCESS_BYTES = 16 << 20
+#: A worker process that has read a trace of this many bytes of text or more exits after it (a fresh one
+#: takes its place), so that the memory of a large trace goes back to the system once it is read.
+RECYCLE_BYTES = 64 << 20
 
 
 @dataclasses.dataclass
@@ -136,7 +150,9 @@ def analyze_ranks(
 ) -> tuple[Report, list[RankResult]]:
     """Analyse the traces of several ranks of one run, in parallel, and merge them.
 
-    Each rank is an independent task. By default the tasks run as local worker processes; pass an
+    Each rank is an independent task. By default the tasks run in a pool of local worker processes,
+    each reading one rank after another (or all in this process, when the ranks hold less than
+    :data:`IN_PROCESS_BYTES` of text in all: the same report either way); pass an
     ``executor`` you already have (a ``concurrent.futures.Executor``: a ``ProcessPoolExecutor``, Dask's
     ``client.get_executor()``, Ray's ``RayExecutor``) to run them there instead. Its workers must import
     the same gpuprobe and read the trace paths as given; only each rank's report travels back.
@@ -147,8 +163,8 @@ def analyze_ranks(
         step_pattern: As in :func:`gpuprobe.report.analyze`.
         small_us: As in :func:`gpuprobe.report.analyze`.
         engine: As in :func:`gpuprobe.report.analyze`.
-        jobs: Worker processes at most (default: the CPU count); 1 reads the traces one by one in
-            this process.
+        jobs: Worker processes at most (default: the CPUs this process may use); 1 reads the traces
+            one by one in this process.
         thresholds: As in :func:`gpuprobe.report.analyze`.
         sections: Sections computed besides the default ones (those shown only when asked for, such
             as ``streams``); every rank computes the default sections, which the merge reads.
@@ -186,7 +202,7 @@ def analyze_ranks(
     if executor is not None:
         results = _run_on(executor, units, options, engine, progress, top)
     else:
-        results = _run_all(units, options, engine, jobs or os.cpu_count() or 1, progress, top)
+        results = _run_all(units, options, engine, jobs or usable_cpus(), progress, top)
     sources = sorted({r.rank_source for r in results if r.rank_source is not None})
     source = " and ".join(_RANK_SOURCES.get(s, s) for s in sources)
     ranks = [r.rank for r in results]
@@ -209,42 +225,211 @@ def _run_all(
     progress: Callable[[int, int], None] | None,
     longest: int,
 ) -> list[RankResult]:
+    """Every rank, in ``units`` order: here one after another when that is as fast (one job, one rank, or
+    less than :data:`IN_PROCESS_BYTES` of text in all), else by a pool of worker processes."""
     total = len(units)
-    if jobs == 1 or total == 1:
+    sizes = [] if jobs == 1 or total == 1 else [text_bytes(path) for path, _ in units]
+    if not sizes or sum(sizes) < IN_PROCESS_BYTES:
         out = []
         for i, (f, process) in enumerate(units):
             out.append(_work(f, process, options, engine, longest))
             if progress is not None:
                 progress(i + 1, total)
         return out
-    # One child process per trace (see _WORKER), `jobs` at a time: a worker's
-    # memory is one trace's and is returned to the system when it exits; unlike a multiprocessing
-    # pool, nothing depends on how the caller's __main__ can be re-imported.
-    spec = json.dumps(_task_spec(options, engine, longest))
-    done = 0
-    lock = threading.Lock()
-    # the workers import the same gpuprobe as this process, whatever their working directory holds
-    root = str(Path(__file__).resolve().parents[2])
+    return _WorkerPool(json.dumps(_task_spec(options, engine, longest)), min(jobs, total)).run(units, sizes, progress)
 
-    def one(unit: tuple[str, int | None]) -> RankResult:
-        nonlocal done
-        path, process = unit
-        argv = [sys.executable, "-c", _WORKER, root, path, "" if process is None else str(process), spec]
-        proc = subprocess.run(argv, capture_output=True)
+
+class _Worker:
+    """One worker process (``python -I``, its working folder the one holding this gpuprobe): reads a rank
+    for each line of its stdin, and answers each on its stdout (see :func:`worker_main`)."""
+
+    def __init__(self, root: str, spec: str) -> None:
+        self.errors = tempfile.TemporaryFile()  # its stderr: a file, so that a chatty worker never blocks
+        # -I: neither the current folder, PYTHONPATH nor the user's site-packages on its path, so that no
+        # file of the folder a report is run from (a bisect.py beside the traces) is imported; the folder
+        # holding this gpuprobe goes first instead, and is the worker's working folder too.
+        self.proc = subprocess.Popen([sys.executable, "-I", "-c", _WORKER, root, spec], cwd=root,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors)
+
+    def ask(self, path: str, process: int | None) -> tuple[str, Any]:
+        """The worker's ``(status, payload)`` for one rank (:func:`rank_task`).
+
+        Raises:
+            OSError, EOFError, pickle.UnpicklingError: The worker ended, or its answer is not one.
+        """
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([path, process]).encode() + b"\n")
+        self.proc.stdin.flush()
+        header = self.proc.stdout.read(_HEADER.size)
+        if len(header) != _HEADER.size:
+            raise EOFError("the worker ended")
+        (size,) = _HEADER.unpack(header)
+        body = self.proc.stdout.read(size)
+        if len(body) != size:
+            raise EOFError("the worker ended inside its answer")
+        outcome: tuple[str, Any] = pickle.loads(body)
+        return outcome
+
+    def failure(self, path: str) -> RuntimeError:
+        """The error of a worker that ended (or answered nonsense) while reading ``path``: the last line it
+        wrote on stderr, else its exit status; the worker is gone afterwards."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.errors.seek(0)
+        lines = self.errors.read().decode("utf-8", "replace").strip().splitlines()[-1:]
+        detail = lines[0] if lines else f"exit status {self.proc.returncode}"
+        self._release()
+        return RuntimeError(f"the worker for {path} failed: {detail}")
+
+    def close(self) -> None:
+        """End the worker: its stdin closes, and it exits after the rank it is reading (killed if it does not)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:  # it has gone already
+                pass
         try:
-            outcome = pickle.loads(proc.stdout)
-        except Exception:
-            detail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-            raise RuntimeError(f"the worker for {path} failed: {detail[0]}") from None
-        result = _unpack(path, outcome)
-        with lock:
-            done += 1
-            if progress is not None:
-                progress(done, total)
-        return result
+            self.proc.wait(timeout=_EXIT_S)
+        except subprocess.TimeoutExpired:
+            self.stop()
+        self._release()
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(jobs, total)) as pool:
-        return list(pool.map(one, units))
+    def stop(self) -> None:
+        """Kill the worker now."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._release()
+
+    def _release(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout, self.errors):
+            if stream is not None and not stream.closed:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+
+class _WorkerPool:
+    """At most ``size`` worker processes at once, each reading ranks one after another (one thread here
+    per worker hands it the next rank and waits for its answer).
+
+    A worker reads many ranks, so a small one costs its pass, not the start of an interpreter (gpuprobe's
+    imports and a first report: 0.3 to 0.4 s of CPU). One that has read a trace of :data:`RECYCLE_BYTES` or
+    more exits and a fresh one takes its place: a worker's memory is then at most one large trace's, and
+    goes back to the system once it is read. The largest ranks go first, so that one of them does not
+    start last and run alone.
+    """
+
+    def __init__(self, spec: str, size: int) -> None:
+        self.spec = spec
+        self.size = size
+        # the workers import the same gpuprobe as this process, whatever their working folder holds
+        self.root = str(Path(__file__).resolve().parents[2])
+        self.lock = threading.Lock()
+        self.workers: set[_Worker] = set()
+        self.failed = threading.Event()
+
+    def run(self, units: list[tuple[str, int | None]], sizes: list[int],
+            progress: Callable[[int, int], None] | None) -> list[RankResult]:
+        """Each rank's result, in ``units`` order.
+
+        Raises:
+            ReportInputError, ConfigError, RuntimeError: A rank's error (the first in ``units`` order of
+                those met; the ranks not yet started are not read after one).
+        """
+        total = len(units)
+        todo = iter(sorted(range(total), key=lambda i: -sizes[i]))
+        out: list[RankResult | None] = [None] * total
+        errors: dict[int, Exception] = {}
+        done = 0
+
+        def take() -> int | None:
+            with self.lock:
+                return None if self.failed.is_set() else next(todo, None)
+
+        def serve() -> None:
+            nonlocal done
+            worker: _Worker | None = None
+            try:
+                while (i := take()) is not None:
+                    path, process = units[i]
+                    absolute = os.path.abspath(path)  # the worker's working folder is not this one
+                    if worker is None:
+                        worker = self._start()
+                    try:
+                        outcome = worker.ask(absolute, process)
+                    except (OSError, EOFError, pickle.UnpicklingError, ValueError):
+                        errors[i] = worker.failure(path)
+                        self._forget(worker)
+                        worker = None
+                        self.failed.set()
+                        return
+                    try:
+                        out[i] = _as_given(_unpack(path, outcome), absolute, path)
+                    except Exception as exc:  # the rank's error, raised below
+                        errors[i] = exc
+                        self.failed.set()
+                        return
+                    with self.lock:
+                        done += 1
+                        if progress is not None:
+                            progress(done, total)
+                    if sizes[i] >= RECYCLE_BYTES:
+                        self._forget(worker)
+                        worker.close()
+                        worker = None
+            except Exception as exc:  # a worker that could not start, or the progress callback's own error
+                errors[-1] = exc
+                self.failed.set()
+            finally:
+                if worker is not None:
+                    self._forget(worker)
+                    worker.close()
+
+        threads = [threading.Thread(target=serve, name=f"gpuprobe-rank-worker-{n}", daemon=True)
+                   for n in range(self.size)]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:  # interrupted (^C): no worker outlives the report
+            with self.lock:
+                self.failed.set()
+                left = list(self.workers)
+            for worker in left:
+                worker.stop()
+        if errors:
+            raise errors[min(errors)]
+        return [r for r in out if r is not None]
+
+    def _start(self) -> _Worker:
+        worker = _Worker(self.root, self.spec)
+        with self.lock:
+            self.workers.add(worker)
+        return worker
+
+    def _forget(self, worker: _Worker) -> None:
+        with self.lock:
+            self.workers.discard(worker)
+
+
+def text_bytes(path: str | os.PathLike[str]) -> int:
+    """The bytes of text a trace holds, what reading it costs: a gzip file's uncompressed size (as its
+    trailer records it, modulo 4 GiB: the larger of that and the file's), else the file's size; 0 for a
+    file that cannot be read (its error is said when it is read)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 18 or f.read(2) != b"\x1f\x8b":
+                return size
+            f.seek(-4, os.SEEK_END)
+            (isize,) = struct.unpack("<I", f.read(4))
+            return max(size, isize)
+    except (OSError, ValueError):
+        return 0
 
 
 def _run_on(
@@ -327,20 +512,31 @@ def rank_task(path: str, process: int | None, spec: dict[str, Any]) -> tuple[str
         return ("error", f"{type(exc).__name__}: {exc}")
 
 
-# A worker: gpuprobe imported from where this process has it, one rank read, its result pickled on
-# stdout (named gpuprobe.report._ranks.RankResult, never __main__'s).
+# A worker process (see _Worker): gpuprobe imported from where this process has it, then ranks read
+# one after another, each result pickled on stdout (named gpuprobe.report._ranks.RankResult, never __main__'s).
 _WORKER = (
     "import sys; sys.path.insert(0, sys.argv[1]); from gpuprobe.report._ranks import worker_main; "
     "raise SystemExit(worker_main(sys.argv[2:]))"
 )
+_HEADER = struct.Struct(">Q")  # the length of each answer, before its pickle
+_EXIT_S = 10.0  # seconds a worker whose stdin closed has to exit before it is killed
 
 
 def worker_main(argv: list[str]) -> int:
-    """One rank (``argv``: the trace, its process id or "", the options as JSON), its result pickled on stdout."""
-    path, process_text, spec_text = argv
-    payload = rank_task(path, int(process_text) if process_text else None, json.loads(spec_text))
-    sys.stdout.buffer.write(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
-    sys.stdout.buffer.flush()
+    """A worker process's loop (``argv``: the options as JSON): for each line of stdin (``[path, process
+    id or null]`` in JSON), the rank's :func:`rank_task` outcome, pickled and length-prefixed on stdout;
+    it returns at the end of stdin."""
+    (spec_text,) = argv
+    spec = json.loads(spec_text)
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    # Anything else written on stdout (a library's print) goes to stderr, never into an answer.
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    for line in sys.stdin.buffer:
+        path, process = json.loads(line)
+        body = pickle.dumps(rank_task(path, process, spec), protocol=pickle.HIGHEST_PROTOCOL)
+        answers.write(_HEADER.pack(len(body)) + body)
+        answers.flush()
     return 0
 
 

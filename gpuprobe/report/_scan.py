@@ -404,6 +404,9 @@ class TraceScan:
                 fast = False
                 if t is record:
                     if ev.ph != "X":
+                        cat = ev.cat
+                        if type(cat) is str and cat in cat_kind:  # an event of a used kind: counted as left out
+                            slow(ev)
                         continue
                     cat = ev.cat
                     if type(cat) is not str:

@@ -5,7 +5,7 @@ Why: the pass is bound by one core (the JSON decoding and the fold into columns)
 for on machines with more. Measured on the two-core development machine (``benchmarks/report/RESULTS.md``),
 see :data:`MIN_BYTES` for when it pays.
 
-What it takes: a plain (not gzip) ``kineto-json`` file read by the ``msgspec`` or ``stdlib`` engine, of
+What it takes: a plain (not gzip) UTF-8 ``kineto-json`` file read by the ``msgspec`` or ``stdlib`` engine, of
 :data:`MIN_BYTES` or more, and a scan nothing was fed yet. The file is cut at the first element of
 ``traceEvents`` that starts after its middle byte (:func:`element_start`); the head then checks that the
 cut is where an element starts (:class:`~gpuprobe.report._kineto.BoundaryMissed` otherwise). Anything
@@ -82,7 +82,7 @@ def feed(trace: Trace, scan: TraceScan, progress: Callable[[int, int], None] | N
 
 def _splittable(trace: Trace, scan: TraceScan) -> bool:
     return (isinstance(trace, KinetoTrace) and trace.format == "kineto-json" and trace.engine != "ijson"
-            and trace.size >= MIN_BYTES and not scan.event_counts)
+            and trace.size >= MIN_BYTES and not scan.event_counts and trace.encoding() == "utf-8")
 
 
 def _feed_split(trace: KinetoTrace, scan: TraceScan, progress: Callable[[int, int], None] | None) -> bool:
@@ -91,10 +91,13 @@ def _feed_split(trace: KinetoTrace, scan: TraceScan, progress: Callable[[int, in
     if at is None or top not in "{[":
         return False
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    args = [sys.executable, "-I", "-c", _CHILD, root, trace.path, str(at), top, trace.engine,
+    # -I: neither the current folder nor PYTHONPATH on the child's path (a zlib.py beside the trace is never
+    # imported); it imports the gpuprobe of this process, and works in the folder that holds it.
+    args = [sys.executable, "-I", "-c", _CHILD, root, os.path.abspath(trace.path), str(at), top, trace.engine,
             str(scan.keep_longest), str(int(scan.correlation_by_process))]
     try:
-        child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        child = subprocess.Popen(args, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 stdin=subprocess.DEVNULL)
     except OSError:
         return False
     try:
@@ -118,6 +121,9 @@ def _feed_split(trace: KinetoTrace, scan: TraceScan, progress: Callable[[int, in
         for reason, n in result["skipped"].items():
             info.skipped_events += n
             info.skipped_reasons[reason] = info.skipped_reasons.get(reason, 0) + n
+        for phase, n in result["phases"].items():
+            info.skipped_events += n
+            info.skipped_phases[phase] = info.skipped_phases.get(phase, 0) + n
         zeroed = trace.zeroed()
         for reason, n in result["zeroed"].items():
             zeroed[reason] = zeroed.get(reason, 0) + n
@@ -140,8 +146,8 @@ def tail_main(argv: list[str]) -> None:
     meta: dict[str, Any] = {}
     try:
         scan.consume_raw(trace.raw_batches(part=Part(True, int(at), top), meta=meta), trace.refused)
-        result: dict[str, Any] = {"scan": scan, "skipped": trace.info.skipped_reasons, "zeroed": trace.zeroed(),
-                                  "meta": meta}
+        result: dict[str, Any] = {"scan": scan, "skipped": trace.info.skipped_reasons,
+                                  "phases": trace.info.skipped_phases, "zeroed": trace.zeroed(), "meta": meta}
     except Exception as exc:  # the parent reads the whole file again, and says what is wrong
         result = {"error": f"{type(exc).__name__}: {exc}"}
     pickle.dump(result, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)

@@ -159,8 +159,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="several ranks: read at most N traces at once, one process each; one plain JSON trace of 256 MB "
-        "or more: read by two processes at once when N is 2 or more (default: the CPU count)",
+        help="several ranks: read by at most N worker processes, each reading one trace after another (ranks of "
+        "less than 16 MB of text in all are read in this process); one plain JSON trace of 256 MB or more: read "
+        "by two processes at once when N is 2 or more (default: the CPU count)",
     )
     parser.add_argument("--executor", metavar="WHERE", default=None, help=EXECUTOR_HELP)
     parser.add_argument(

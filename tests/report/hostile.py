@@ -205,7 +205,7 @@ SHAPES: tuple[Shape, ...] = (
           warning="4 malformed events were left out: 4 not a JSON object"),
     # messages
     Shape("not_json.json", "json", _text("this is not JSON\n"),
-          refused="not a trace: the top-level JSON value is not an object"),
+          refused="not a trace: not JSON text (it begins with 'this is not JSON'); gpuprobe report reads"),
     Shape("only_whitespace.json", "json", _text(" \n\t\n"), refused="empty file"),
     # read as the same trace without the mark (no warning; test_hostile.py compares the events)
     Shape("byte_order_mark.json", "json", _text(b"\xef\xbb\xbf" + json.dumps(_doc()).encode())),

@@ -164,7 +164,9 @@ def test_a_finding_that_asks_something_names_the_try_variant(traces: dict[str, P
 
     f = {f.id: f for f in analyze(traces["plain"]).findings}["host_sync"]
     assert f.severity == "warning"
-    assert f.remedy.endswith(f". Measure it: gpuprobe try MODEL --variants {REMEDY_VARIANTS['host_sync'].option}")
+    option = REMEDY_VARIANTS["host_sync"].option
+    assert f.remedy.endswith(f". Measure it: gpuprobe try myfile.py:make --variants {option} (make() in myfile.py "
+                             "returns (model, generate_kwargs), your logits processors in them)")
     info = [f for f in analyze(traces["ours"]).findings if f.severity == "info"]
     assert info and not [f for f in info if "gpuprobe try" in f.remedy]
 

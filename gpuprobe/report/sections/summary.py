@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from gpuprobe.report._context import Context, MergeContext, Section, known_sum
+from gpuprobe.report._context import Context, MergeContext, Section, StreamOverlaps, known_sum
 from gpuprobe.report._tables import Table, format_ns
 
 __all__ = ["Summary", "SECTION"]
@@ -89,15 +89,41 @@ def _warnings(ctx: Context, step_rows: list[object], pattern: str) -> list[str]:
                 f"{without_op} of {n_launches} launch calls have no GPU record: GPU activity records "
                 "may have been dropped"
             )
-    if skipped:
+    phases = info.skipped_phases
+    unread = sum(phases.values())
+    malformed = skipped - unread
+    if malformed:
         reasons = info.skipped_reasons
         why = ", ".join(f"{n:,} {reason}" for reason, n in sorted((reasons or {}).items(), key=lambda kv: -kv[1]))
-        were = "events were" if skipped != 1 else "event was"
-        out.append(f"{skipped:,} malformed {were} left out" + (f": {why}" if why else ""))
+        were = "events were" if malformed != 1 else "event was"
+        out.append(f"{malformed:,} malformed {were} left out" + (f": {why}" if why else ""))
+    if unread:
+        which = ", ".join(f"{n:,} {phase}" for phase, n in sorted(phases.items(), key=lambda kv: -kv[1]))
+        were = "events were" if unread != 1 else "event was"
+        out.append(f"{unread:,} {were} left out for their phase ({which}): only complete events (\"ph\": \"X\") "
+                   "are read, so kernels or ranges written as begin and end events (B/E) count nowhere")
+    if ctx.gpu_known:
+        overlaps = ctx.cols.stream_overlaps()
+        if overlaps.kernels:
+            out.append(_overlap_warning(overlaps, list(ctx.scan.streams)))
     out.extend(info.notes)
     if not step_rows:
         out.append(f"no range matched the step pattern {pattern!r}; the per-step table is empty")
     return out
+
+
+def _overlap_warning(found: StreamOverlaps, streams: list[tuple[int, int]]) -> str:
+    """The warning for kernels that overlap on one stream: how many, where, and the time counted twice."""
+    where = [f"device {streams[sid][0]} stream {streams[sid][1]}" for sid in found.stream_ids]
+    shown = ", ".join(where[:3]) + (f" and {len(where) - 3:,} more streams" if len(where) > 3 else "")
+    n = found.kernels
+    dup = (f", {found.duplicates:,} of them the same kernel twice (name, start and duration)"
+           if found.duplicates else "")
+    return (f"{n:,} kernel{'s' if n != 1 else ''} overlap{'' if n != 1 else 's'} an earlier kernel of the same "
+            f"stream ({shown}){dup}: {format_ns(found.extra_ns)} of kernel time is counted more than once (kernel "
+            "time and the kernel tables include it, GPU busy time does not); one stream runs its kernels one after "
+            "another, so the trace holds some kernels twice (written or merged twice) unless they overlap by design "
+            "(programmatic dependent launch, graph nodes)")
 
 
 def tables(s: Summary, markdown: bool) -> list[Table]:
