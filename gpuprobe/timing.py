@@ -20,7 +20,9 @@ Rules the clock keeps (each from CUDA's semantics, see ``docs/gpu.md``):
 - nothing initializes CUDA: until the program has initialized CUDA itself there is no GPU work to
   time, and ``start()`` returns ``None``;
 - no device timing while a CUDA graph capture is underway (an event recorded into a capture can never
-  be read), and events are read only when no capture is underway anywhere (:mod:`gpuprobe._capture`);
+  be read), and events are read only when no capture is counted anywhere, by a thread in CUDA's
+  relaxed capture mode, so that a capture begun outside ``torch.cuda.CUDAGraph`` is not invalidated
+  either (:mod:`gpuprobe._capture`);
 - ``start``/``stop`` never raise into user code: a failure is counted in
   ``gpuprobe.telemetry.dropped`` and warned about once.
 
@@ -280,7 +282,8 @@ class DeviceClock:
     def poll(pending: tuple[EventPool, Any, Any]) -> int | None:
         """Nanoseconds between the two events, or ``None`` if the device has not reached both.
 
-        Call only under ``capture.lock`` with no capture underway (see :meth:`Runtime.drain`).
+        Call only under ``capture.lock`` with no capture underway, inside ``capture.relaxed`` (see
+        :meth:`Runtime.drain`): the queries are then safe during a capture the guard cannot count.
         """
         pool, start, end = pending
         # Events on one stream complete in order, so a finished end implies a finished start;

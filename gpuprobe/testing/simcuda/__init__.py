@@ -19,7 +19,11 @@ What is simulated, each behaviour checked against torch 2.13's sources (cited in
   :meth:`SimulatedCuda.finish` and host synchronizations;
 - events (``include/c10/cuda/CUDAEvent.h``): lazy creation, device binding, ``query``,
   ``elapsed_time`` preconditions, ``synchronize``, ``wait``;
-- CUDA graphs: capture modes, capture invalidation by unsafe calls, captured events, replay;
+- CUDA graphs: capture modes, capture invalidation by unsafe calls, captured events, replay; and the
+  CUDA runtime's own stream capture, which torch does not bind (:attr:`SimulatedCuda.libcudart`:
+  ``cudaStreamBeginCapture`` / ``EndCapture`` / ``IsCapturing`` on a stream, each thread's capture
+  interaction mode through ``cudaThreadExchangeStreamCaptureMode``), found by gpuprobe where it looks
+  for the runtime library torch loaded;
 - the caching allocator's counters (``memory_stats`` with torch's key names), OOM and its observers
   (``torch._C._cuda_attach_out_of_memory_observer``), memory history and snapshots in torch's layout;
 - ``torch.profiler.profile`` with CUDA activity: GPU kernels, memcpy/memset, GPU user annotations,
@@ -45,7 +49,7 @@ Behaviours that follow torch where intuition might not:
 Not simulated: tensors on devices (a CPU build cannot hold them: work is described with
 :meth:`SimulatedCuda.launch`, memory with :meth:`SimulatedCuda.allocate`); contention between
 streams; host-side launch cost; RNG generator states; ``ExternalStream``; IPC events;
-``make_graphed_callables``; ``torch.cuda.nvtx`` (a CPU build without NVTX raises, as torch does);
+``make_graphed_callables``; launching a graph captured through the runtime library (``cudaGraphLaunch``); ``torch.cuda.nvtx`` (a CPU build without NVTX raises, as torch does);
 ``torch.accelerator`` and the device-generic ``torch.Stream``/``torch.Event``; memory pools
 (graph-private pools, ``MemPool``), expandable segments, the pinned host allocator;
 ``CUDA_VISIBLE_DEVICES``. Profiler: no flow events or ``External id`` links between CPU ops and

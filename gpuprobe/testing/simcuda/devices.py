@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from ._torch_compat import exchange_device, get_device_index, import_torch, lazy_init, maybe_exchange_device
 from .allocator import _Allocator
+from .graphs import _CaptureMode
 from .messages import _CUDA_ERRORS, _FORK_MESSAGE, _cuda_error
 from .profiler import _Annotation
 from .streams import SimStream
@@ -16,15 +17,17 @@ from .streams import SimStream
 __all__ = ["DevicesMixin", "SimCudart", "SimDeviceContext"]
 
 class _ThreadState(threading.local):
-    """Per-thread CUDA state: the current device and each device's current stream.
+    """Per-thread CUDA state: the current device, each device's current stream, and the thread's
+    stream-capture interaction mode.
 
     A new thread starts at device 0 with the default streams current (the CUDA runtime's current
     device is per host thread; c10/cuda/CUDAStream.h: "the notion of 'current stream for device' is
-    thread local").
+    thread local"), in global capture mode (cudaThreadExchangeStreamCaptureMode: "the default mode").
     """
 
     def __init__(self) -> None:
         self.device = 0
+        self.capture_mode = _CaptureMode.GLOBAL
         self.streams: dict[int, SimStream] = {}
         self.annotations: list[_Annotation] = []
         self.stream_contexts: list[Any] = []

@@ -10,7 +10,7 @@ import time
 from typing import Any, ClassVar
 
 from ._torch_compat import import_torch
-from .graphs import SimCUDAGraph
+from .graphs import SimCUDAGraph, SimStreamCapture
 from .messages import _c10_index, _cuda_error
 from .profiler import _GpuRecord
 from .records import CUDA_RUNTIME
@@ -49,7 +49,7 @@ class SimEvent:
     external: bool
     _device: int | None  # the device the event was created on (at its first record), else None
     _ts: int  # when its stream reaches it, on the device clock (ns)
-    _captured_by: SimCUDAGraph | None  # the capture it was last recorded in, if any
+    _captured_by: SimCUDAGraph | SimStreamCapture | None  # the capture it was last recorded in, if any
     _handle: int  # the simulated cudaEvent_t (0 until the first record)
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,

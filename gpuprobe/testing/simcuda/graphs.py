@@ -1,5 +1,7 @@
 """CUDA graphs: ``torch.cuda.CUDAGraph`` and ``torch.cuda.graph``, capture modes, captures invalidated
-by calls that are unsafe while capturing, captured events, and replay."""
+by calls that are unsafe while capturing, captured events, and replay; and the CUDA runtime's own
+stream capture, which torch does not bind (:class:`SimLibcudart`): a capture begun on a stream
+directly, and each thread's capture interaction mode."""
 
 from __future__ import annotations
 
@@ -10,12 +12,12 @@ from typing import Any, ClassVar
 
 from ._torch_compat import import_torch
 from .clock import _Op
-from .messages import _cuda_error
+from .messages import _cuda_error, _cuda_error_code
 from .profiler import _GpuRecord
 from .records import CUDA_RUNTIME
 from .streams import SimStream
 
-__all__ = ["GraphsMixin", "SimCUDAGraph", "SimGraphContext"]
+__all__ = ["GraphsMixin", "SimCUDAGraph", "SimGraphContext", "SimLibcudart", "SimStreamCapture"]
 
 class _CaptureMode(enum.Enum):
     """cudaStreamCaptureMode, as named by ``CUDAGraph.capture_begin(capture_error_mode=...)``."""
@@ -23,6 +25,13 @@ class _CaptureMode(enum.Enum):
     GLOBAL = "global"
     THREAD_LOCAL = "thread_local"
     RELAXED = "relaxed"
+
+
+# cudaStreamCaptureMode's values (driver_types.h), as the runtime's C functions take and give them.
+_MODE_OF_VALUE = {0: _CaptureMode.GLOBAL, 1: _CaptureMode.THREAD_LOCAL, 2: _CaptureMode.RELAXED}
+_VALUE_OF_MODE = {mode: value for value, mode in _MODE_OF_VALUE.items()}
+# cudaStreamCaptureStatus (driver_types.h), what cudaStreamIsCapturing writes.
+_STATUS_NONE, _STATUS_ACTIVE, _STATUS_INVALIDATED = 0, 1, 2
 
 
 class _GraphState(enum.Enum):
@@ -163,6 +172,70 @@ class SimGraphContext:
         self.stream_ctx.__exit__(*args)
 
 
+class SimStreamCapture:
+    """A capture begun on a stream with ``cudaStreamBeginCapture`` (:class:`SimLibcudart`), not
+    through ``torch.cuda.CUDAGraph``: code that calls the CUDA runtime itself (ctypes, cuda-bindings,
+    a C++ extension). It forbids unsafe calls as a graph capture of its mode does; what it keeps is not
+    replayed (``cudaGraphLaunch`` is not simulated)."""
+
+    def __init__(self, stream: SimStream, mode: _CaptureMode) -> None:
+        self._state = _GraphState.CAPTURING
+        self._ops: list[_Op] = []  # the work queued on the stream while capturing
+        self._stream: SimStream | None = stream
+        self._device = stream.device_index
+        self._mode = mode
+        self._thread = threading.get_ident()  # the thread that began it
+
+
+class SimLibcudart:
+    """The CUDA runtime library's own stream-capture calls, which torch does not bind
+    (``torch.cuda.cudart()`` has no capture call): what code reaching ``libcudart.so`` through ctypes,
+    as gpuprobe does, calls. Each takes what the C function takes (a ``cudaStream_t`` as an int, output
+    parameters as ctypes pointers) and returns its ``cudaError_t`` as an int: the codes CUDA's
+    documentation lists for the call, and ``cudaErrorStreamCaptureInvalidated`` from the end of an
+    invalidated capture (what ``CUDAGraph.capture_end`` meets then).
+
+    While the simulation is installed, gpuprobe finds this library where it looks for the one torch
+    loaded (``gpuprobe._capture.set_runtime_finder``).
+
+    Example:
+        >>> import ctypes, torch
+        >>> from gpuprobe.testing.simcuda import simulated_cuda
+        >>> with simulated_cuda() as sim:
+        ...     mode = ctypes.c_int(2)  # cudaStreamCaptureModeRelaxed
+        ...     error = sim.libcudart.cudaThreadExchangeStreamCaptureMode(ctypes.pointer(mode))
+        ...     (error, mode.value)  # the thread's previous mode: global
+        (0, 0)
+    """
+
+    def __init__(self, sim: Any) -> None:
+        self._sim = sim
+
+    def cudaStreamBeginCapture(self, stream: int, mode: int) -> int:
+        """Begin capturing the work queued on ``stream`` (a ``cudaStream_t``) in capture mode ``mode``
+        (0 global, 1 thread-local, 2 relaxed): ``cudaErrorInvalidValue`` for another mode, the legacy
+        default stream, an unknown stream, or one already capturing."""
+        return self._sim._c_stream_begin_capture(int(stream), int(mode))
+
+    def cudaStreamEndCapture(self, stream: int, graph: Any) -> int:
+        """End the capture on ``stream``; ``graph`` (a ctypes pointer to a ``cudaGraph_t``) gets the
+        captured graph, or 0 for an invalidated capture, which returns
+        ``cudaErrorStreamCaptureInvalidated``. A capture not begun in relaxed mode must end on the
+        thread that began it (``cudaErrorStreamCaptureWrongThread``); a stream that is not capturing is
+        ``cudaErrorInvalidValue``."""
+        return self._sim._c_stream_end_capture(int(stream), graph)
+
+    def cudaStreamIsCapturing(self, stream: int, status: Any) -> int:
+        """Write ``stream``'s capture status to ``status`` (a ctypes pointer to a C int): 0 none, 1
+        active, 2 invalidated."""
+        return self._sim._c_stream_is_capturing(int(stream), status)
+
+    def cudaThreadExchangeStreamCaptureMode(self, mode: Any) -> int:
+        """Set the calling thread's capture interaction mode to ``*mode`` (a ctypes pointer to a C int)
+        and write its previous mode there; every thread starts in global mode."""
+        return self._sim._c_exchange_capture_mode(mode)
+
+
 class GraphsMixin:
     """The part of :class:`~gpuprobe.testing.simcuda.SimulatedCuda` behind graph capture: what a capture
     forbids, and CUDAGraph's capture_begin, capture_end and replay, simulated."""
@@ -170,18 +243,22 @@ class GraphsMixin:
     def _check_capture_safe(self, stream: SimStream | None) -> None:
         """Refuse a call that is unsafe during stream capture (lock held).
 
-        cudaStreamCaptureMode: a thread may not make unsafe calls while it has a capture of its own
-        not begun in "relaxed" mode, or while another thread has a capture begun in "global" mode;
-        querying or synchronizing a capturing stream is never permitted. The offending call
-        invalidates the captures concerned (their ``capture_end`` then fails).
+        cudaThreadExchangeStreamCaptureMode: the calling thread's own interaction mode decides which
+        captures forbid it unsafe calls. In "global" mode (every thread's default): a capture of its
+        own not begun in "relaxed" mode, and another thread's capture begun in "global" mode; in
+        "thread_local" mode: a capture of its own not begun in "relaxed" mode; in "relaxed" mode: none
+        ("the local thread is not prohibited from potentially unsafe API calls"). Querying or
+        synchronizing a capturing stream is never permitted. The offending call invalidates the
+        captures concerned (their ``capture_end`` then fails), whichever API began them.
         """
         if not self._captures:
             return
         me = threading.get_ident()
+        mine = self._tls.capture_mode
         hit = [g for g in self._captures
-               if (g._thread == me and g._mode is not _CaptureMode.RELAXED)
-               or (g._thread != me and g._mode is _CaptureMode.GLOBAL)
-               or (stream is not None and g._stream is stream)]
+               if (stream is not None and g._stream is stream)
+               or (mine is not _CaptureMode.RELAXED and g._thread == me and g._mode is not _CaptureMode.RELAXED)
+               or (mine is _CaptureMode.GLOBAL and g._thread != me and g._mode is _CaptureMode.GLOBAL)]
         if hit:
             self.stats.unsafe_calls_during_capture += 1
             for g in hit:
@@ -253,3 +330,73 @@ class GraphsMixin:
                                                   self._thread_seq(), next(self._correlations), on_host=True))
             for op in graph._ops:
                 self._enqueue(stream, op, t0)
+
+    # ---- the runtime's own stream capture (SimLibcudart)
+
+    def _handle_stream(self, handle: int) -> SimStream | None:
+        """The stream of a ``cudaStream_t`` (lock held): 0 is the current device's default stream."""
+        if handle == 0:
+            return self._current_stream(self._tls.device)
+        for dev in self._devices:
+            for stream in dev.streams():
+                if stream.cuda_stream == handle:
+                    return stream
+        return None
+
+    def _c_stream_begin_capture(self, handle: int, mode: int) -> int:
+        self._count("libcudart.cudaStreamBeginCapture")
+        parsed = _MODE_OF_VALUE.get(mode)
+        with self._lock:
+            stream = self._handle_stream(handle)
+            # "Capture may not be initiated if stream is cudaStreamLegacy", "it may only be initiated if
+            # the stream is not already in capture mode".
+            if parsed is None or stream is None or stream.stream_id == 0 or stream._capture is not None:
+                return _cuda_error_code("cudaErrorInvalidValue")
+            capture = SimStreamCapture(stream, parsed)
+            stream._capture = capture
+            self._captures.append(capture)
+        return 0
+
+    def _c_stream_end_capture(self, handle: int, graph: Any) -> int:
+        self._count("libcudart.cudaStreamEndCapture")
+        with self._lock:
+            stream = self._handle_stream(handle)
+            capture = None if stream is None else stream._capture
+            if not isinstance(capture, SimStreamCapture) or graph is None:
+                return _cuda_error_code("cudaErrorInvalidValue")
+            if capture._mode is not _CaptureMode.RELAXED and capture._thread != threading.get_ident():
+                return _cuda_error_code("cudaErrorStreamCaptureWrongThread")
+            stream._capture = None
+            self._captures.remove(capture)
+            if capture._state is _GraphState.INVALIDATED:
+                graph.contents.value = 0
+                return _cuda_error_code("cudaErrorStreamCaptureInvalidated")
+            capture._state = _GraphState.CAPTURED
+            self.stats.stream_captures += 1
+            graph.contents.value = next(self._handles) << 4
+        return 0
+
+    def _c_stream_is_capturing(self, handle: int, status: Any) -> int:
+        self._count("libcudart.cudaStreamIsCapturing")
+        with self._lock:
+            stream = self._handle_stream(handle)
+            if stream is None or status is None:
+                return _cuda_error_code("cudaErrorInvalidValue")
+            capture = stream._capture
+            if capture is None:
+                status.contents.value = _STATUS_NONE
+            elif capture._state is _GraphState.INVALIDATED:
+                status.contents.value = _STATUS_INVALIDATED
+            else:
+                status.contents.value = _STATUS_ACTIVE
+        return 0
+
+    def _c_exchange_capture_mode(self, mode: Any) -> int:
+        self._count("libcudart.cudaThreadExchangeStreamCaptureMode")
+        wanted = None if mode is None else _MODE_OF_VALUE.get(mode.contents.value)
+        if wanted is None:
+            return _cuda_error_code("cudaErrorInvalidValue")
+        with self._lock:
+            previous, self._tls.capture_mode = self._tls.capture_mode, wanted
+        mode.contents.value = _VALUE_OF_MODE[previous]
+        return 0

@@ -1,6 +1,6 @@
 """Installing a simulation: the ``torch`` attributes it replaces, putting each one back on uninstall, the
-process-wide registry (one installed simulation at a time, over an optional machine one), and what a
-forked child inherits."""
+CUDA runtime library gpuprobe finds (the simulation's), the process-wide registry (one installed
+simulation at a time, over an optional machine one), and what a forked child inherits."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ class InstallMixin:
         check_torch(torch)
         import_patched_modules()
 
-        from ... import _placement, _torch_caps
+        from ... import _capture, _placement, _torch_caps
 
         with _REGISTRY_LOCK:
             taken = _ACTIVE if _ACTIVE is not None else (_MACHINE if as_machine or _MACHINE is self else None)
@@ -130,6 +130,7 @@ class InstallMixin:
             self._saved = saved
             _torch_caps.forget()  # decided anew against the replaced functions
             self._prev_resolver = _placement.set_device_resolver(self.device_of)
+            self._prev_runtime_finder = _capture.set_runtime_finder(self._runtime_exchange)
             self._installed = True
             if as_machine:
                 _MACHINE = self
@@ -147,7 +148,7 @@ class InstallMixin:
                 another one is still installed over it.
         """
         global _ACTIVE, _MACHINE
-        from ... import _placement
+        from ... import _capture, _placement
 
         with _REGISTRY_LOCK:
             if _ACTIVE is not self and _MACHINE is not self:
@@ -162,6 +163,8 @@ class InstallMixin:
                 self._saved = []
                 _placement.set_device_resolver(self._prev_resolver)
                 self._prev_resolver = None
+                _capture.set_runtime_finder(self._prev_runtime_finder)
+                self._prev_runtime_finder = None
                 self._installed = False
                 self._GraphCtx.default_capture_stream = None
                 if _MACHINE is self:
@@ -183,6 +186,13 @@ class InstallMixin:
 
     def __exit__(self, *exc: Any) -> None:
         self.uninstall()
+
+    def _runtime_exchange(self) -> Any:
+        """What gpuprobe finds as the CUDA runtime library torch loaded: this simulation's
+        ``cudaThreadExchangeStreamCaptureMode`` (a ``gpuprobe._capture.ModeExchange``)."""
+        from ..._capture import ModeExchange
+
+        return ModeExchange(self.libcudart.cudaThreadExchangeStreamCaptureMode, "the simulated CUDA runtime")
 
     def patched_attributes(self) -> list[tuple[Any, str]]:
         """(object, attribute name) of everything :meth:`install` replaced (empty when not installed)."""

@@ -15,6 +15,7 @@ _FORK_MESSAGE = (
 )
 # CUDA runtime error strings (cudaGetErrorString), with their cudaError_t codes.
 _CUDA_ERRORS: dict[str, tuple[int, str]] = {
+    "cudaErrorInvalidValue": (1, "invalid argument"),
     "cudaErrorNotReady": (34, "device not ready"),
     "cudaErrorInvalidDevice": (101, "invalid device ordinal"),
     "cudaErrorInvalidResourceHandle": (400, "invalid resource handle"),
@@ -53,6 +54,11 @@ def _cuda_error(name: str) -> Exception:
     # torch/_C/__init__.pyi declares the class without the attribute.
     exc.error_code = code  # type: ignore[attr-defined]
     return exc
+
+
+def _cuda_error_code(name: str) -> int:
+    """The ``cudaError_t`` of a CUDA error, as the runtime's C functions return it."""
+    return _CUDA_ERRORS[name][0]
 
 
 def _c10_index(index: int) -> str:

@@ -35,6 +35,8 @@ class SimStats:
         events_created: ``torch.cuda.Event`` objects constructed.
         kernels_launched: GPU work items queued (graph replays included, captures excluded).
         graph_captures: successful ``CUDAGraph.capture_end`` calls.
+        stream_captures: successful ``cudaStreamEndCapture`` calls of the runtime library
+            (:attr:`SimulatedCuda.libcudart`), captures begun on a stream outside ``CUDAGraph``.
         graph_replays: ``CUDAGraph.replay`` calls.
         profiler_sessions: CUDA profiling sessions started.
         profiler_cross_thread_stops: CUDA profiling sessions stopped on another thread than the one
@@ -59,6 +61,7 @@ class SimStats:
     events_created: int = 0
     kernels_launched: int = 0
     graph_captures: int = 0
+    stream_captures: int = 0
     graph_replays: int = 0
     profiler_sessions: int = 0
     profiler_cross_thread_stops: int = 0

@@ -16,7 +16,7 @@ from .allocator import MemoryMixin, _Block, _History
 from .clock import ClockMixin
 from .devices import DevicesMixin, SimCudart, SimDeviceContext, _Device, _ThreadState
 from .events import EventsMixin, SimEvent
-from .graphs import GraphsMixin, SimCUDAGraph, SimGraphContext
+from .graphs import GraphsMixin, SimCUDAGraph, SimGraphContext, SimLibcudart, SimStreamCapture
 from .install import InstallMixin
 from .placement import PlacementMixin
 from .profiler import ProfilerMixin, _Session
@@ -81,13 +81,16 @@ class SimulatedCuda(InstallMixin, DevicesMixin, StreamsMixin, ClockMixin, Events
                                                 uuid=f"00000000-0000-0000-0000-{i:012d}", pci_bus_id=i)
                             for i in range(devices)]
         self._cudart = SimCudart(self)
+        # The runtime library's own calls, which torch does not bind: a capture begun on a stream
+        # directly, a thread's capture interaction mode.
+        self.libcudart = SimLibcudart(self)
         self._seeds = [67280421310721] * devices  # c10 default_rng_seed_val
         self._initialized = False
         self._fork_poisoned = False
         self._in_bad_fork = False
         self._sync_debug_mode = 0
         self._sync_warned = False
-        self._captures: list[SimCUDAGraph] = []
+        self._captures: list[SimCUDAGraph | SimStreamCapture] = []
         self._pool_ids = itertools.count(1)
         self._handles = itertools.count(0x10000)
         self._correlations = itertools.count(1)
@@ -102,6 +105,7 @@ class SimulatedCuda(InstallMixin, DevicesMixin, StreamsMixin, ClockMixin, Events
         self._oom_observers: list[Callable[[int, int, int, int], object]] = []
         self._saved: list[tuple[Any, str, Any]] = []
         self._prev_resolver: Any = None
+        self._prev_runtime_finder: Any = None
         self._installed = False
 
     @property

@@ -48,7 +48,7 @@ class SimStream:
     priority: int
     _kineto_id: int  # the stream number kineto writes in traces
     _busy_until: int  # when the stream's queued work ends, on the device clock (ns)
-    _capture: Any  # the SimCUDAGraph capturing this stream's work, if any (graphs.py imports this module)
+    _capture: Any  # the capture of this stream's work, if any: a SimCUDAGraph or SimStreamCapture (graphs.py)
 
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> SimStream:
         """torch/cuda/streams.py Stream.__new__: ``with torch.cuda.device(device)`` when a device is
