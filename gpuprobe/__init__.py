@@ -116,7 +116,7 @@ def _bridge_for(provider: Any) -> Any:
         raise ConfigError(f"meter_provider: get_meter() of {_shown(provider)} failed: {exc!r}") from exc
 
 
-def configure(*, meter_provider: Any = _UNCHANGED, **settings: Any) -> Config:
+def configure(*, meter_provider: Any = _UNCHANGED, tracer_provider: Any = _UNCHANGED, **settings: Any) -> Config:
     """Change settings (the keywords of :class:`Config`) and (re)start the exporters they name.
 
     Each call adds to what is configured: it changes what its keywords name and keeps the rest, so
@@ -132,6 +132,8 @@ def configure(*, meter_provider: Any = _UNCHANGED, **settings: Any) -> Config:
         meter_provider: an OpenTelemetry ``MeterProvider`` of yours to feed gpuprobe's metrics into; it
             replaces the one an earlier call gave, and None stops feeding it (what is queued is
             recorded first). Left out: the provider in use stays.
+        tracer_provider: an OpenTelemetry ``TracerProvider`` of yours for the spans of requests
+            (docs/tracing.md); None goes back to the global one or OTLP. Left out: the one given stays.
         **settings: e.g. ``otlp_endpoint="http://127.0.0.1:4318/v1/metrics"``, ``jsonl="run.jsonl"``,
             ``memory=True``, ``prometheus_port=9464``.
 
@@ -162,12 +164,18 @@ def configure(*, meter_provider: Any = _UNCHANGED, **settings: Any) -> Config:
         meter_provider is None or current is None or current.meter_provider is not meter_provider)
     if provider_changes and meter_provider is not None:
         bridge = _bridge_for(meter_provider)
+    if tracer_provider is not _UNCHANGED and tracer_provider is not None and not callable(
+            getattr(tracer_provider, "get_tracer", None)):
+        raise ConfigError("tracer_provider must be an OpenTelemetry TracerProvider (an object with a get_tracer() "
+                          f"method), got {_shown(tracer_provider)}")
     cfg = config.replace(rt.settings, **settings)
     if "disable" in settings:
         if cfg.disable:
             disable()
         else:
             enable()
+    if tracer_provider is not _UNCHANGED:
+        rt.tracer_provider = tracer_provider
     rt.configure(cfg, frozenset(settings))
     if provider_changes:
         if current is not None:

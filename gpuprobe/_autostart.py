@@ -1,5 +1,6 @@
 """What the settings start, in one place above the core: snapshot triggers, a profile window, on-demand
-capture triggers (a signal, slow steps), kernel sampling, GPU health gauges (NVML), JSONL / OTLP / Prometheus exporters.
+capture triggers (a signal, slow steps), kernel sampling, GPU health gauges (NVML), the count of requests
+against their service-level goals, JSONL / OTLP / Prometheus exporters.
 
 :func:`start_from_settings` is registered with the runtime when ``gpuprobe`` is imported and runs
 whenever settings are applied (first use, ``configure()``, ``gpuprobe.testing.reset()``). Each
@@ -11,7 +12,10 @@ start is warned once and left off when the environment asked for it, and raised 
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
+from typing import Any
 
 from . import memory
 from .config import Config
@@ -66,6 +70,12 @@ def _gpu_health(rt: Runtime) -> None:
     _nvml.start_from_settings(rt)  # GPU health gauges, read on the background thread
 
 
+def _service_level_goals(rt: Runtime) -> None:
+    from . import _slo
+
+    _slo.start_from_settings(rt)  # a request listener: gpuprobe.requests.slo
+
+
 def _jsonl(rt: Runtime) -> None:
     from .exporters.jsonl import JsonlExporter
 
@@ -78,6 +88,82 @@ def _otlp(rt: Runtime) -> None:
     cfg = rt.settings
     OtlpExporter(cfg.otlp_endpoint, interval=cfg.otlp_interval, timeout=cfg.otlp_timeout).attach(  # type: ignore[arg-type]
         rt, owner="settings")
+
+
+def _otlp_traces_named() -> bool:
+    """Whether the standard variables name an OTLP traces endpoint (read without importing OpenTelemetry)."""
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return False
+    return bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip() or env.get("OTEL_EXPORTER_OTLP_ENDPOINT",
+                                                                                      "").strip())
+
+
+def global_tracer_provider() -> Any:
+    """The TracerProvider the program set globally, if OpenTelemetry is in use and one is set; else None."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    try:
+        provider = trace.get_tracer_provider()
+    except Exception:
+        return None
+    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None
+    return provider
+
+
+def _traces_wanted(cfg: Config) -> bool:
+    return cfg.traces == "on" or (cfg.traces == "auto" and not DISABLED_AT_IMPORT)
+
+
+def _traces(rt: Runtime) -> None:
+    provider = rt.tracer_provider or global_tracer_provider()
+    if provider is None and not (rt.settings.traces == "on" or _otlp_traces_named()):
+        _TraceWatch(rt).attach()  # auto: a provider the program sets later starts them then
+        return
+    _start_traces(rt, provider)
+
+
+def _start_traces(rt: Runtime, provider: Any) -> Any:
+    from .exporters.traces import TraceExporter, traces_endpoint
+
+    cfg = rt.settings
+    endpoint = None if provider is not None else traces_endpoint(default=cfg.traces == "on")
+    if provider is None and endpoint is None:
+        return None
+    return TraceExporter(provider, endpoint=endpoint, timeout=cfg.otlp_timeout).attach(rt, owner="settings")
+
+
+class _TraceWatch:
+    """traces=auto with no TracerProvider and no OTLP endpoint yet: each request's end looks (a module
+    lookup) for a provider the program has set since, and starts the spans with it."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+
+    def attach(self) -> None:
+        self._rt.requests.add_listener(self.ended)
+        self._rt.add_closeable(self, owner="settings")
+
+    def ended(self, record: Any) -> None:
+        provider = global_tracer_provider()
+        if provider is None:
+            return
+        rt = self._rt
+        self.close()
+        try:
+            exporter = _start_traces(rt, provider)
+        except Exception as exc:  # never into the program: warned once
+            rt.warn_once("traces:start", f"gpuprobe: spans could not be sent to {type(provider).__name__}: {exc!r}")
+            return
+        if exporter is not None:
+            exporter.ended(record)  # the request that found it
+
+    def close(self) -> None:
+        self._rt.requests.remove_listener(self.ended)
 
 
 def _log_line(rt: Runtime) -> None:
@@ -105,9 +191,13 @@ _FEATURES: tuple[tuple[frozenset[str], str, Wanted, Callable[[Runtime], None]], 
      and not DISABLED_AT_IMPORT, _on_demand_triggers),
     (frozenset({"kernel_sampling"}), "kernel sampling", lambda cfg: bool(cfg.kernel_sampling), _kernel_sampling),
     (frozenset({"nvml"}), "the GPU health gauges (NVML)", lambda cfg: cfg.nvml, _gpu_health),
+    (frozenset({"slo_ttft", "slo_tpot", "slo_e2e"}), "the service-level goals",
+     lambda cfg: cfg.slo_ttft is not None or cfg.slo_tpot is not None or cfg.slo_e2e is not None,
+     _service_level_goals),
     (frozenset({"jsonl"}), "the JSONL exporter", lambda cfg: bool(cfg.jsonl), _jsonl),
     (frozenset({"otlp_endpoint", "otlp_interval", "otlp_timeout"}), "the OTLP exporter",
      lambda cfg: bool(cfg.otlp_endpoint), _otlp),
+    (frozenset({"traces", "otlp_timeout"}), "traces", _traces_wanted, _traces),
     (frozenset({"log_interval"}), "the periodic log line", lambda cfg: cfg.log_interval is not None, _log_line),
     (frozenset({"prometheus_port", "prometheus_addr", "port_by_local_rank"}), "/metrics",
      lambda cfg: cfg.prometheus_port is not None, _metrics_endpoint),

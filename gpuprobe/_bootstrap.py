@@ -10,6 +10,10 @@ program imports transformers the hook calls :func:`switch_on`:
 - the runtime starts what the ``GPUPROBE_*`` settings ask for (``/metrics`` on
   ``GPUPROBE_PROMETHEUS_PORT``, OTLP, JSON lines, a profile window).
 
+When the program imports ``transformers serve``'s server module (its CLI does, before it loads any
+model), the hook calls :func:`serve_on`: the app it builds gets gpuprobe's request ids and
+``Server-Timing`` (docs/serving.md).
+
 A Python process that never imports transformers (a helper subprocess, a launcher such as torchrun's)
 therefore binds no port and imports no part of gpuprobe. A problem is reported on stderr and the
 program runs on without gpuprobe: telemetry never stops it.
@@ -26,7 +30,7 @@ from . import config
 from ._seams import declare
 from .errors import ConfigError
 
-__all__ = ["switch_on", "instrument_options", "LAYERS_ENV"]
+__all__ = ["switch_on", "serve_on", "instrument_options", "LAYERS_ENV"]
 
 LAYERS_ENV = "GPUPROBE_RUN_LAYERS"
 """Time decoder layers on one decode step in this many (``gpuprobe run --layers N``); unset: off."""
@@ -92,3 +96,17 @@ def switch_on(environ: Mapping[str, str] | None = None) -> bool:
         SEAM.fail(exc, report=False)
         return False
     return True
+
+
+def serve_on() -> None:
+    """Install the seams of ``transformers serve``'s app (its server module was just imported); never raises."""
+    try:
+        from .runtime import DISABLED_AT_IMPORT
+
+        if not DISABLED_AT_IMPORT:
+            from .integrations._transformers.serve_app import instrument_server
+
+            instrument_server()
+    except Exception as exc:
+        _say(f"gpuprobe could not observe transformers serve's app ({type(exc).__name__}: {exc}); it serves "
+             "without request timings")

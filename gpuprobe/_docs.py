@@ -25,6 +25,7 @@ DCGM = {
 }
 
 _SUFFIX = {"histogram": "_bucket / _sum / _count", "counter": "_total", "updown": "", "gauge": ""}
+_EMITTED = {"always": "always", "default": "unless opted in", "latest": "opted in (`gen_ai_latest_experimental`)"}
 
 
 def attributes(spec: MetricSpec) -> str:
@@ -86,6 +87,26 @@ def render() -> str:
         "are computed, and the peak table, are in [utilization.md](utilization.md). Queue-time buckets",
         "reach from 0.5 ms (an idle server) to 5 minutes (an overloaded one); batch-token buckets double",
         "from 1 (a lone decode) to 32768 (a large `max_batch_tokens`).",
+        "",
+        "## OpenTelemetry GenAI semantic conventions: which version each name follows",
+        "",
+        "The GenAI conventions are still in development: the token-usage histogram is being replaced by",
+        "counters, and the client metrics are being renamed (the GenAI conventions moved from",
+        "open-telemetry/semantic-conventions, whose last release of them is v1.41.0, to",
+        "open-telemetry/semantic-conventions-genai). gpuprobe emits the names it has emitted so far unless",
+        "the conventions' own switch asks for the newest: `OTEL_SEMCONV_STABILITY_OPT_IN` holding",
+        "`gen_ai_latest_experimental` (a comma-separated list; other values are other instrumentations').",
+        "The variable is read once, when a model is first instrumented; a GenAI value gpuprobe does not know",
+        "(`gen_ai_latest`, `gen_ai/dup`) is warned about once and the default names are emitted.",
+        "",
+        "| name | convention version | emitted | note |",
+        "|---|---|---|---|",
+        *[f"| `{name}` | {spec.convention.version} | {_EMITTED[spec.convention.emitted]} | "
+          f"{spec.convention.note or '—'} |" for name, spec in SPECS.items() if spec.convention is not None],
+        "",
+        "The newest token counters carry `gen_ai.token.modality=\"unknown\"`: gpuprobe counts token ids, not",
+        "what they encode (text, image or audio), as the convention asks when the modality cannot be known.",
+        "Every name not in this table is gpuprobe's own (`gpuprobe.*`).",
         "",
         "## Latencies: time to first token, inter-token latency, time per output token",
         "",
@@ -216,6 +237,18 @@ def render() -> str:
         "The `Serving:` metrics, and the requests, steps and cache of continuous batching, are described in",
         "[serving.md](serving.md): what each one counts, when it is read, and why `finish_reason` is a",
         "counter of its own rather than an attribute of the request duration.",
+        "",
+        "## Service-level goals",
+        "",
+        "With a goal set (`GPUPROBE_SLO_TTFT`, `GPUPROBE_SLO_TPOT`, `GPUPROBE_SLO_E2E`, or `configure(slo_ttft=...)`),",
+        "every finished request (a `generate()` call, a continuous-batching request) counts one in",
+        "`gpuprobe.requests.slo`: `result=\"met\"` when its time to first token, time per output token and",
+        "duration are each at most their goal; else the first goal it missed, in the order `ttft`, `tpot`,",
+        "`e2e`; `error` when it failed. A cancelled request is not counted (its client went away), and a goal",
+        "whose figure a request does not have (the time per output token of a one-token answer) does not",
+        "apply to it. A model's five series appear, at 0, with its first counted request. Goodput is",
+        "`sum(rate(gpuprobe_requests_slo_total{result=\"met\"}[5m])) / sum(rate(gpuprobe_requests_slo_total[5m]))`;",
+        "the burn-rate alerts on it are in [grafana.md](grafana.md#alerts).",
         "",
         "## Dropped telemetry",
         "",

@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "Attribute",
+    "Convention",
     "MetricSpec",
     "SPECS",
     "Registry",
@@ -90,6 +91,31 @@ class Attribute:
 
 
 @dataclasses.dataclass(frozen=True)
+class Convention:
+    """The OpenTelemetry semantic convention a metric's name follows, and when gpuprobe emits it.
+
+    Attributes:
+        version: the conventions' version that defines the name as gpuprobe emits it.
+        emitted: ``always``; ``default`` (unless ``OTEL_SEMCONV_STABILITY_OPT_IN`` holds
+            ``gen_ai_latest_experimental``: the name the newest conventions replace); ``latest`` (only with
+            that value).
+        note: what the metrics reference adds (what replaced it, why it stays).
+
+    Example:
+        >>> SPECS["gen_ai.client.inference.usage.input_tokens"].convention.emitted
+        'latest'
+    """
+
+    version: str
+    emitted: str = "always"
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.emitted not in ("always", "default", "latest"):
+            raise ValueError(f"convention: emitted must be always, default or latest, got {self.emitted!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class MetricSpec:
     """What one metric is: its OpenTelemetry name, instrument, unit, buckets, raw-value scale and attributes.
 
@@ -108,6 +134,8 @@ class MetricSpec:
     attributes: tuple[Attribute, ...] = ()
     # Its series also carry the attributes the user gives (``probe(attrs=...)``).
     user_attributes: bool = False
+    # The OpenTelemetry semantic convention that defines its name (None: a name of gpuprobe's own).
+    convention: Convention | None = None
 
     def __post_init__(self) -> None:
         names = [a.name for a in self.attributes]
@@ -151,7 +179,7 @@ class MetricSpec:
 # exposed at 0 from the start, so a dashboard shows 0 rather than no data.
 DROP_REASONS = ("event_pool_exhausted", "device_timing_failed", "otlp_export_failed", "jsonl_queue_full",
                 "jsonl_write_failed", "meter_provider_queue_full", "meter_provider_write_failed",
-                "kernel_sampling_busy")
+                "kernel_sampling_busy", "span_queue_full", "span_export_failed")
 
 # Attributes several metrics share. The model: gen_ai.* metrics name it as the OpenTelemetry GenAI semantic
 # conventions do, gpuprobe's own per-model metrics with a short ``model`` (the same value).
@@ -175,6 +203,16 @@ GPU = (Attribute("gpu.index"), Attribute("gpuprobe.device", note="per series"))
 THROTTLE_REASONS = ("gpu_idle", "applications_clocks", "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal",
                     "hw_thermal", "hw_power_brake", "display_clocks")
 MAX_DRAFT_POSITIONS = 32  # accepted draft tokens are counted per position up to here, then together
+# The OpenTelemetry GenAI semantic conventions gpuprobe follows (docs/metrics.md, "Semantic-convention versions").
+# v1.37.0 named the provider gen_ai.provider.name; v1.41.0, the last release of the GenAI conventions in the
+# semantic-conventions repository, added the time to first chunk; the GenAI repository's newest (development)
+# conventions replace the token-usage histogram and rename the client metrics (its migration guide from v1.41.0).
+SEMCONV_1_37 = Convention("semantic-conventions v1.37.0")
+_NEWEST = "semantic-conventions-genai, newest (development, unreleased)"
+SEMCONV_LATEST = Convention(_NEWEST, "latest")
+# What the newest conventions attribute a token count to: gpuprobe counts token ids, not what they encode.
+TOKEN_MODALITY = Attribute("gen_ai.token.modality", note="unknown: token ids, whatever they encode",
+                           values=("unknown",))
 
 
 def _spec(*args: Any, **kwargs: Any) -> tuple[str, MetricSpec]:
@@ -186,10 +224,11 @@ SPECS: dict[str, MetricSpec] = dict(
     [
         _spec("gen_ai.server.time_to_first_token", "histogram", "s",
               "Time from the request to its first output token: clock=host when the host holds the token "
-              "(what a client sees), clock=device on the GPU's clock", TTFT_BUCKETS, NS, attributes=(*GEN_AI, CLOCK)),
+              "(what a client sees), clock=device on the GPU's clock", TTFT_BUCKETS, NS, attributes=(*GEN_AI, CLOCK),
+              convention=SEMCONV_1_37),
         _spec("gen_ai.server.time_per_output_token", "histogram", "s",
               "Per successful request of two tokens or more: (duration − TTFT) ÷ (output tokens − 1)",
-              STEP_BUCKETS, NS, attributes=GEN_AI),
+              STEP_BUCKETS, NS, attributes=GEN_AI, convention=SEMCONV_1_37),
         _spec("gpuprobe.inter_token.duration", "histogram", "s",
               "Inter-token latency: time between two consecutive output tokens of a request, one sample per "
               "output token after its first (generate(): per decode step, the same for every sequence of the batch)",
@@ -197,9 +236,35 @@ SPECS: dict[str, MetricSpec] = dict(
         _spec("gen_ai.server.request.duration", "histogram", "s",
               "Duration of a whole generate() call", REQUEST_BUCKETS, NS,
               attributes=(*GEN_AI, dataclasses.replace(ERROR_TYPE, note="on failure; continuous batching: "
-                                                                         "cancelled/failed"))),
+                                                                         "cancelled/failed")),
+              convention=SEMCONV_1_37),
         _spec("gen_ai.client.token.usage", "histogram", "{token}",
-              "Input and output tokens per generate() call", TOKEN_BUCKETS, attributes=(*GEN_AI, TOKEN_TYPE)),
+              "Input and output tokens per generate() call", TOKEN_BUCKETS, attributes=(*GEN_AI, TOKEN_TYPE),
+              convention=Convention(
+                  "semantic-conventions v1.37.0", note="the newest conventions replace it with the "
+                  "`gen_ai.client.inference.usage.*` counters and `gen_ai.client.inference.operation.*` histograms; "
+                  "gpuprobe emits it under the opt-in too, since its dashboards, live page, summary and "
+                  "`gpuprobe try` read it")),
+        _spec("gen_ai.client.inference.usage.input_tokens", "counter", "{token}",
+              "Input (prompt) tokens of successful requests", attributes=(*GEN_AI, TOKEN_MODALITY),
+              convention=SEMCONV_LATEST),
+        _spec("gen_ai.client.inference.usage.output_tokens", "counter", "{token}",
+              "Output (generated) tokens of successful requests, every sequence's", attributes=(*GEN_AI, TOKEN_MODALITY),
+              convention=SEMCONV_LATEST),
+        _spec("gen_ai.client.inference.operation.input_tokens", "histogram", "{token}",
+              "Input tokens per successful request", TOKEN_BUCKETS, attributes=GEN_AI, convention=SEMCONV_LATEST),
+        _spec("gen_ai.client.inference.operation.output_tokens", "histogram", "{token}",
+              "Output tokens per successful request (every sequence's)", TOKEN_BUCKETS, attributes=GEN_AI,
+              convention=SEMCONV_LATEST),
+        _spec("gen_ai.client.operation.time_to_first_chunk", "histogram", "s",
+              "Streaming generate() calls (a streamer): from the call to the first chunk of output its streamer "
+              "is given (the first put() after the prompt's)", TTFT_BUCKETS, NS, attributes=GEN_AI,
+              convention=Convention("semantic-conventions v1.41.0", "default",
+                                    "the newest conventions rename it `gen_ai.client.inference.time_to_first_chunk`")),
+        _spec("gen_ai.client.inference.time_to_first_chunk", "histogram", "s",
+              "Streaming generate() calls (a streamer): from the call to the first chunk of output its streamer "
+              "is given (the first put() after the prompt's)", TTFT_BUCKETS, NS, attributes=GEN_AI,
+              convention=SEMCONV_LATEST),
         _spec("gpuprobe.step.duration", "histogram", "s",
               "Forward step time by phase (prefill/decode) and clock (host/device)", STEP_BUCKETS, NS,
               attributes=(MODEL, Attribute("phase", note="prefill/decode; continuous batching: also mixed",
@@ -271,6 +336,11 @@ SPECS: dict[str, MetricSpec] = dict(
               attributes=(MODEL,)),
         _spec("gpuprobe.requests.finished", "counter", "{request}", "Serving: requests that ended, by finish reason",
               attributes=(MODEL, Attribute("finish_reason", values=("stop", "length", "cancelled", "failed")))),
+        _spec("gpuprobe.requests.slo", "counter", "{request}",
+              "Finished requests by their service-level goals (settings slo_ttft, slo_tpot, slo_e2e): met, the "
+              "first goal missed (ttft, tpot, e2e, in this order), or error (it failed); cancelled ones are not "
+              "counted. Goodput = met ÷ all",
+              attributes=(MODEL, Attribute("result", values=("met", "ttft", "tpot", "e2e", "error")))),
         _spec("gpuprobe.prefix_cache.queries", "counter", "{request}",
               "Serving: requests that ended while prefix sharing was on (each looked its prompt up among the "
               "cached blocks)", attributes=(MODEL,)),

@@ -25,6 +25,7 @@ import contextvars
 import dataclasses
 import itertools
 import os
+import sys
 import threading
 import time
 import weakref
@@ -82,6 +83,11 @@ class RequestRecord:
         started_at, ended_at: wall-clock times (``time.time()``) of its arrival and end.
         prefill_steps: continuous batching: the steps that carried its prefill (their indices; for links
             between request and step records).
+        max_tokens, temperature, top_p, top_k: what the request asked for, where set.
+        steps_sampled: a few of its token gaps as ``(token index, seconds, seconds since its first token)``:
+            the first four, then every k-th, at most 16 (a trace's step events).
+        trace_id, span_id: its span, when traces are on (hex; the caller's trace when it joined one).
+        capture: an on-demand capture that recorded some of its steps (its trace file), if any.
     """
 
     request_id: str
@@ -110,10 +116,23 @@ class RequestRecord:
     started_at: float = 0.0
     ended_at: float = 0.0
     prefill_steps: tuple[int, ...] = ()
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    steps_sampled: tuple[tuple[int, float, float], ...] = ()
+    trace_id: str | None = None
+    span_id: str | None = None
+    capture: str | None = None
+    #: The span context of the caller's span (OpenTelemetry), that its own span is a child of; not exported.
+    parent: Any = dataclasses.field(default=None, repr=False, compare=False)
+    #: Figures still to come (a GPU's device time, continuous batching's shares): 0 once all are in.
+    pending: int = dataclasses.field(default=0, repr=False, compare=False)
 
     def device_read(self, ns: int) -> None:
         """The GPU reached the request's last step: its device time is ``ns``."""
         self.device_s = ns / 1e9
+        self.pending = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The record as plain data (JSON-ready).
@@ -122,8 +141,8 @@ class RequestRecord:
             >>> RequestRecord(request_id="r1", model="tiny", duration_s=0.5).as_dict()["duration_s"]
             0.5
         """
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
-                for f in dataclasses.fields(self)}
+        return {f.name: (_plain(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+                for f in dataclasses.fields(self) if f.name not in _NOT_EXPORTED}
 
     def server_timing(self) -> str:
         """The record as an HTTP ``Server-Timing`` header value (milliseconds; what is unknown left out).
@@ -138,6 +157,31 @@ class RequestRecord:
             if value is not None:
                 parts.append(f"{name};dur={value * 1e3:.1f}")
         return ", ".join(parts)
+
+
+_NOT_EXPORTED = frozenset({"parent", "pending"})
+
+
+def _plain(value: tuple[Any, ...]) -> list[Any]:
+    return [list(v) if isinstance(v, tuple) else v for v in value]
+
+
+def sampled_gaps(gaps: list[int], first: int = 4, most: int = 16) -> tuple[tuple[int, float, float], ...]:
+    """A few of a request's token gaps (ns) as ``(index, seconds, seconds since the first token)``: the first
+    ``first``, then every k-th, at most ``most`` in all.
+
+    Example:
+        >>> [i for i, _ in sampled_gaps(list(range(100)), first=2, most=6)]
+        [0, 1, 25, 50, 75]
+    """
+    n = len(gaps)
+    if n <= most:
+        picked = list(range(n))
+    else:
+        k = -(-n // (most - first))
+        picked = list(range(first)) + [i for i in range(k, n, k) if i >= first]
+    since = list(itertools.accumulate(gaps))  # C: the whole sum costs less than a Python loop over a few
+    return tuple((i, gaps[i] / 1e9, since[i] / 1e9) for i in picked[:most])
 
 
 def median_and_max(values: list[int]) -> tuple[float | None, float | None]:
@@ -190,6 +234,36 @@ def clean_request_id(raw: Any) -> str | None:
 _given_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpuprobe_request_id", default=None)
 _catchers: contextvars.ContextVar[tuple[Caught, ...]] = contextvars.ContextVar("gpuprobe_caught_requests",
                                                                                  default=())
+
+
+_parents: dict[str, Any] = {}  # request id -> the caller's span context, for requests made on another thread
+_MAX_PARENTS = 4096
+
+
+def current_parent() -> Any:
+    """The span context of the caller's current OpenTelemetry span, if OpenTelemetry is in use and one is
+    recording; None otherwise (never imports OpenTelemetry)."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    try:
+        context = trace.get_current_span().get_span_context()
+    except Exception:
+        return None
+    return context if context.is_valid else None
+
+
+def remember_parent(request_id: str, span_context: Any) -> None:
+    """A server's seam: the request ``request_id`` (made on another thread, as continuous batching's are)
+    joins the trace of ``span_context`` (bounded: the oldest are forgotten past 4,096 waiting)."""
+    if len(_parents) >= _MAX_PARENTS:
+        _parents.pop(next(iter(_parents)), None)
+    _parents[request_id] = span_context
+
+
+def take_parent(request_id: str | None) -> Any:
+    """The span context remembered for ``request_id`` (then forgotten), or None."""
+    return _parents.pop(request_id, None) if request_id is not None and _parents else None
 
 
 def current_request_id() -> str | None:
@@ -279,6 +353,9 @@ class RequestLog:
         self._sources: list[weakref.ref[Any]] = []
         self._lock = threading.Lock()
         self.ended = 0  # records added so far (the table says how many it no longer shows)
+        #: Integrations note the caller's span context on each request while this is true (traces are on).
+        self.wants_parents = False
+        self._parent_wanted = 0
 
     def resize(self, kept: int) -> None:
         """Keep ``kept`` records from now on (the newest of those kept so far stay)."""
@@ -319,6 +396,12 @@ class RequestLog:
     def remove_listener(self, listener: Callable[[RequestRecord], None]) -> None:
         with self._lock:
             self._listeners = tuple(f for f in self._listeners if f != listener)
+
+    def want_parents(self, on: bool) -> None:
+        """A trace exporter starts (or stops) wanting each request's caller span context."""
+        with self._lock:
+            self._parent_wanted = max(0, self._parent_wanted + (1 if on else -1))
+            self.wants_parents = self._parent_wanted > 0
 
     def add_source(self, source: Any) -> None:
         """``source.in_flight()`` lists requests still running (held weakly: a source that is gone is dropped)."""

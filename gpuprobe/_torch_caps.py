@@ -19,7 +19,8 @@ from typing import Any
 
 __all__ = ["DEVICE_WORK_ACTIVITIES", "SYNC_RECORD_NAMES", "LegacyCpuProfiler", "ProfilerCaps", "cuda_graphs_warm_up",
            "cuda_sleep", "forget", "kineto_event_class", "profiler_caps", "profiler_enabled_here", "RecordFunctionOps",
-           "record_function_ops", "memory_history_recorder", "memory_snapshot_dumper", "oom_observer_attacher"]
+           "record_function_ops", "memory_history_recorder", "memory_snapshot_dumper", "oom_observer_attacher",
+           "DynamoCaps", "dynamo_caps"]
 
 # _KinetoEvent.activity_type() of device work: kineto's ActivityType names of CONCURRENT_KERNEL,
 # GPU_MEMCPY and GPU_MEMSET (strings in libtorch_cpu.so).
@@ -276,3 +277,47 @@ def memory_snapshot_dumper(torch: Any) -> Callable[[str], Any]:
 def oom_observer_attacher(torch: Any) -> Callable[[Callable[..., Any]], Any] | None:
     """``torch._C._cuda_attach_out_of_memory_observer``, or None where torch has none."""
     return getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
+
+
+# -- Dynamo's compile records (gpuprobe.testing.budget: recompiles and graph breaks of a block) ------------
+
+@dataclasses.dataclass(frozen=True)
+class DynamoCaps:
+    """What Dynamo keeps of its compilations, read by the budgets of ``gpuprobe.testing.budget``.
+
+    Attributes:
+        counters: ``torch._dynamo.utils.counters``: ``counters["graph_break"]`` maps each graph break's
+            message to how many times Dynamo met it while compiling.
+        guard_failures: ``torch._dynamo.utils.guard_failures``: code object → the guard failures that
+            made Dynamo compile it again, oldest first (``"0/1: tensor 'x' size mismatch at index 0.
+            expected 3, actual 4"``).
+        add_start_callback: ``torch._dynamo.callback_handler.register_start_callback(fn)``: ``fn(args)``
+            at the start of each compilation (``args.compile_id``: ``"frame/compile"``, a recompilation
+            when the second number is above 0; ``args.callback_trigger``).
+        remove_start_callback: its ``remove_start_callback(fn)``.
+        dynamo_trigger: ``CallbackTrigger.DYNAMO``, the trigger of a frame compiled by Dynamo.
+    """
+
+    counters: Any
+    guard_failures: Any
+    add_start_callback: Callable[[Callable[[Any], None]], Any]
+    remove_start_callback: Callable[[Callable[[Any], None]], Any]
+    dynamo_trigger: Any
+
+
+def dynamo_caps(torch: Any) -> DynamoCaps | None:
+    """:class:`DynamoCaps` of ``torch``, or None where this torch has not got one of them.
+
+    The first look at ``torch._dynamo`` imports it (torch loads it lazily, ~1 s): only a budget that
+    counts compilations asks.
+    """
+    try:
+        dynamo = torch._dynamo
+        utils, callback = dynamo.utils, dynamo.callback
+        handler = callback.callback_handler
+        return DynamoCaps(counters=utils.counters, guard_failures=utils.guard_failures,
+                          add_start_callback=handler.register_start_callback,
+                          remove_start_callback=handler.remove_start_callback,
+                          dynamo_trigger=callback.CallbackTrigger.DYNAMO)
+    except Exception:  # another torch's shape (or no Dynamo on this platform): the budgets say so
+        return None

@@ -426,6 +426,11 @@ class Config:
         "GPU health gauges from NVML (utilization, memory, SM clock, power, temperature, throttling; SM and "
         "tensor-core activity on GPUs with GPM) for every GPU the process can see, read on the background thread "
         "every `collect_interval`; needs `gpuprobe[nvml]` (docs/gpu.md)")
+    traces: str = _setting(
+        "GPUPROBE_TRACES", _choice("auto", "on", "off"), "auto",
+        "a span per request (OpenTelemetry GenAI conventions, docs/tracing.md): auto: to your TracerProvider when "
+        "you set one, else over OTLP when OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT is set; "
+        "on: also to http://localhost:4318/v1/traces when neither is; off: none")
     requests_kept: int = _setting(
         "GPUPROBE_REQUESTS_KEPT", _int(0, 1_000_000), 1000,
         "records of finished requests kept in memory, the newest (`gpuprobe.requests()`, `/requests`; "

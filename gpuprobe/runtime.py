@@ -99,6 +99,7 @@ class Runtime:
         self._warn_lock = threading.Lock()
         self.sync_sites = SyncSites(self.warn_once)  # where the sync audit first saw each sync (info())
         self.requests = RequestLog(settings.requests_kept)  # records of finished requests (gpuprobe.requests())
+        self.tracer_provider: Any = None  # configure(tracer_provider=...): where request spans go (docs/tracing.md)
         self._backends: Backends | None = None
         self._generation = 0
         self._device_label: str | None = None
@@ -206,13 +207,15 @@ class Runtime:
 
     def _read_device_timings(self) -> None:
         guard = self.capture
-        # Never while a CUDA graph capture is underway: a query from any thread would break it.
+        # Never while a counted CUDA graph capture is underway (a query from any thread would break
+        # it), and in relaxed capture mode, for the captures it cannot count (gpuprobe/_capture.py).
         if guard.underway:
             return
         with guard.lock:
             if guard.underway:
                 return
-            self.pending.resolve(timing.DeviceClock.poll, timing.DeviceClock.discard, self._poll_failed)
+            with guard.relaxed:
+                self.pending.resolve(timing.DeviceClock.poll, timing.DeviceClock.discard, self._poll_failed)
 
     def collect(self) -> list[MetricData]:
         """Drain, then copy the aggregates (what exporters send)."""

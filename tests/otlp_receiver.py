@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 __all__ = ["Receiver", "DripServer", "attrs", "decode"]
 
@@ -29,8 +30,8 @@ def attrs(kvs: Any) -> dict[str, str]:
     return {kv.key: kv.value.string_value for kv in kvs}
 
 
-def decode(body: bytes) -> ExportMetricsServiceRequest:
-    req = ExportMetricsServiceRequest()
+def decode(body: bytes, signal: str = "metrics") -> Any:
+    req = ExportTraceServiceRequest() if signal == "traces" else ExportMetricsServiceRequest()
     req.ParseFromString(body)
     return req
 
@@ -43,11 +44,14 @@ class Receiver:
         port: the port (0: any free one).
         statuses: answers to give first, in order (e.g. ``[503]``), before ``mode`` applies.
         out_dir: also write each request's body there, as ``<n>.pb``.
+        signal: ``metrics`` (``ExportMetricsServiceRequest`` at /v1/metrics) or ``traces``
+            (``ExportTraceServiceRequest`` at /v1/traces).
     """
 
     def __init__(self, mode: str = "ok", *, port: int = 0, statuses: list[int] | None = None,
-                 out_dir: Path | None = None) -> None:
+                 out_dir: Path | None = None, signal: str = "metrics") -> None:
         self.mode = mode
+        self.signal = signal
         self.statuses = list(statuses or [])
         self.requests: list[ExportMetricsServiceRequest] = []
         self.headers: list[dict[str, str]] = []
@@ -72,7 +76,7 @@ class Receiver:
                     time.sleep(3)
                 if status == 200:
                     outer.headers.append({k.lower(): v for k, v in self.headers.items()})
-                    outer.requests.append(decode(body))
+                    outer.requests.append(decode(body, outer.signal))
                     if outer.out_dir is not None:
                         (outer.out_dir / f"{len(outer.requests):04d}.pb").write_bytes(body)
                 outer.answered.append(status)
@@ -86,12 +90,17 @@ class Receiver:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1/metrics"
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1/{signal}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def spans(self) -> list[tuple[Any, Any]]:
+        """Every span received, with its resource: ``(span, resource)`` (traces)."""
+        return [(span, rs.resource) for req in self.requests for rs in req.resource_spans for ss in rs.scope_spans
+                for span in ss.spans]
 
     def metrics(self) -> dict[str, Any]:
         """Metric name → (the metric of the newest request that has it, its resource)."""

@@ -5,13 +5,13 @@ package is imported, so a seam declared anywhere is a row here, and a seam witho
 the table. For each seam, gpuprobe's own work inside it is made to raise while a real workload runs
 through it (a tiny Llama's ``generate()`` in several modes, ``generate_batch`` with preemption, a CUDA
 graph capture and a sync audit on the simulated CUDA, ``gpuprobe run``'s start-up hook, the
-OpenTelemetry instrumentor, a model pickled and copied); the workload's results must equal those of the
-same workload without gpuprobe, the seam must switch itself off (with the others of its group), say so in ``info()``, count
+OpenTelemetry instrumentor, a model pickled and copied, chats with transformers serve in this process);
+the workload's results must equal those of the same workload without gpuprobe, the seam must switch itself off (with the others of its group), say so in ``info()``, count
 ``gpuprobe.seam.disabled`` once and warn once.
 
 The faults are injected with :func:`gpuprobe.testing.seam_fault` for seams built from the seam
-template; the few seams whose guard is written out for speed get a fault in the function their guard
-calls (``BREAKERS``).
+template; the few seams whose guard is written out (for speed, or to hand on an argument wrapped) get a
+fault in the function their guard calls (``BREAKERS``).
 """
 
 from __future__ import annotations
@@ -226,6 +226,23 @@ def _run_sync_audit(instrumented: bool) -> list[Any]:
         return [t.sum().item(), t[t > 4].tolist()]
 
 
+def _run_cache_concats(instrumented: bool) -> list[Any]:
+    """generate() with a dynamic cache (its layers concatenate) and a static one, counted or not."""
+    from gpuprobe.integrations._transformers.cache import ConcatCounter
+
+    model = _tiny_llama()
+    ids = torch.tensor([[5, 6, 7, 8]])
+
+    def workload() -> list[Any]:
+        return [model.generate(ids, max_new_tokens=4, do_sample=False).tolist(),
+                model.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static").tolist()]
+
+    if not instrumented:
+        return workload()
+    with ConcatCounter():
+        return workload()
+
+
 def _run_bootstrap(instrumented: bool) -> list[Any]:
     from gpuprobe import _bootstrap
 
@@ -252,14 +269,41 @@ def _run_otel(instrumented: bool) -> list[Any]:
         instrumentor.uninstrument()
 
 
+def _run_serve(instrumented: bool) -> list[Any]:
+    """transformers serve in this process (plain generate()): a streamed and a whole chat completion with a
+    client's id, and a whole one without; what the client reads of each."""
+    for needed in ("fastapi", "uvicorn", "accelerate"):
+        pytest.importorskip(needed)
+    from _serve_app import serving
+
+    if instrumented:
+        hf.instrument_all()
+    try:
+        with serving() as server:
+            answers = [server.chat(stream=True, request_id="client-stream"), server.chat(request_id="client-whole"),
+                       server.chat()]
+    finally:
+        if instrumented:
+            hf.uninstrument_all()
+    streamed, whole, anonymous = answers
+    out: list[Any] = [streamed.status, streamed.header("x-request-id"), streamed.streamed_text()]
+    for answer in (whole, anonymous):
+        body = answer.json()
+        out += [answer.status, body["choices"][0]["message"]["content"], body["usage"], body["id"] ==
+                answer.header("x-request-id")]
+    return out + [whole.header("x-request-id"), len(anonymous.header("x-request-id") or "")]
+
+
 SCENARIOS: dict[str, Callable[..., list[Any]]] = {
     "generate": _run_generate,
     "pickle": _run_pickle,
     "generate_batch": _run_batch,
     "cuda_graph": _run_cuda_graph,
     "sync_audit": _run_sync_audit,
+    "cache_concats": _run_cache_concats,
     "run": _run_bootstrap,
     "otel": _run_otel,
+    "serve": _run_serve,
 }
 CLASS_WIDE = {"transformers.class.generate", "transformers.class.init_continuous_batching",
               "transformers.class.own_generate", "transformers.class.subclass"}
@@ -301,6 +345,26 @@ def _break_otel(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(hf, "instrument_all", _boom)
 
 
+def _break_submit(name: str) -> Callable[[pytest.MonkeyPatch], None]:
+    """The wrapping of a submitted callable raises inside one of the inference thread's two seams (the
+    guard of each reads its own seam, ``seam``)."""
+    import sys
+
+    from gpuprobe.integrations._transformers import serve_app
+
+    def breaker(mp: pytest.MonkeyPatch) -> None:
+        target = _seams.seam(name)
+        real = serve_app.in_request_context
+
+        def in_request_context(fn: Any) -> Any:
+            if sys._getframe(1).f_locals.get("seam") is target:
+                raise RuntimeError("a fault injected into gpuprobe")
+            return real(fn)
+
+        mp.setattr(serve_app, "in_request_context", in_request_context)
+    return breaker
+
+
 # Seams whose guard is written out (not built from the seam template): the fault goes where their guard calls.
 BREAKERS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "transformers.generate.logits_processor": _break_stand_in("processor"),
@@ -308,6 +372,8 @@ BREAKERS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "torch.sync_audit.kernels": _break_audit,
     "python.run_import_hook": _break_bootstrap,
     "opentelemetry.instrumentor": _break_otel,
+    "transformers.serving.submit": _break_submit("transformers.serving.submit"),
+    "transformers.serving.async_submit": _break_submit("transformers.serving.async_submit"),
 }
 
 

@@ -80,11 +80,16 @@ GARBAGE: dict[str, list[str]] = {
     "GPUPROBE_PEAK_MEMORY_BANDWIDTH": ["0", "-1", "fast"],
     "GPUPROBE_PEAK_FLOPS": ["0", "x", "1e999"],
     "GPUPROBE_NVML": _SWITCH,
+    "GPUPROBE_TRACES": ["maybe", "1", "otlp"],
+    "GPUPROBE_REQUESTS_KEPT": ["-1", "x", "2000000"],
+    "GPUPROBE_SLO_TTFT": ["0", "-1s", "soon"],
+    "GPUPROBE_SLO_TPOT": ["0", "x", "-5ms"],
+    "GPUPROBE_SLO_E2E": ["0", "x", "1e999"],
     "GPUPROBE_LOG_INTERVAL": ["-1", "x", "0"],
     "GPUPROBE_DEVICE_EVERY": ["abc", "0", "-2"],
 }
 
-_VARIABLE = re.compile(r"\b(GPUPROBE_[A-Z_]+|LOCAL_RANK|RANK)\b")
+_VARIABLE = re.compile(r"\b(GPUPROBE_[A-Z0-9_]+|LOCAL_RANK|RANK)\b")
 
 
 def _clean_env(**extra: str) -> dict[str, str]:

@@ -2,8 +2,9 @@
 
 ``gpuprobe run`` puts this module's directory first on ``PYTHONPATH``, so this ``sitecustomize`` is
 found before any other. It installs a post-import hook on ``transformers.generation.utils`` whose
-callback imports gpuprobe and switches it on (:func:`gpuprobe._bootstrap.switch_on`), then imports
-the ``sitecustomize`` that would have been imported without it, if there is one, so both run.
+callback imports gpuprobe and switches it on (:func:`gpuprobe._bootstrap.switch_on`), and one on
+``transformers serve``'s server module (:func:`gpuprobe._bootstrap.serve_on`), then imports the
+``sitecustomize`` that would have been imported without it, if there is one, so both run.
 
 Only the standard library is imported here. Why: importing gpuprobe costs ~45 ms (test machine),
 paid by every Python process of the command — helpers and launchers that never import transformers
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 
 TRIGGER_MODULE = "transformers.generation.utils"
 """The module whose import switches gpuprobe on (it defines ``GenerationMixin``)."""
+SERVE_MODULE = "transformers.cli.serving.server"
+"""The module of ``transformers serve``'s app factory: its import installs gpuprobe's seams on that app
+(``transformers serve`` builds its app before it loads a model, so before :data:`TRIGGER_MODULE`)."""
 
 
 class _Loader:
@@ -123,6 +127,16 @@ def _switch_on() -> None:
     _bootstrap.switch_on()
 
 
+def _serve_on() -> None:
+    if _shadowing() is not None:  # said by _switch_on, when the program imports transformers' generation
+        return
+    try:
+        from gpuprobe import _bootstrap
+    except Exception:  # the same: said once by _switch_on
+        return
+    _bootstrap.serve_on()
+
+
 def _chain() -> None:
     """Import the next ``sitecustomize`` on ``sys.path`` (the one this module shadows)."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -142,4 +156,8 @@ if __name__ == "sitecustomize":  # imported by site, not as gpuprobe._sitecustom
         _switch_on()
     else:
         sys.meta_path.insert(0, _AfterImport(TRIGGER_MODULE, _switch_on))
+    if SERVE_MODULE in sys.modules:
+        _serve_on()
+    else:
+        sys.meta_path.insert(0, _AfterImport(SERVE_MODULE, _serve_on))
     _chain()

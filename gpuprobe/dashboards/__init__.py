@@ -14,7 +14,9 @@ Quantile and mean panels read recording rules (``gpuprobe:<series>:p95_rate1m`` 
 instead, for a Prometheus whose rules you cannot change. Panels whose series only a GPU produces
 (device-clock step times, the CUDA caching allocator's reserved memory) say so: their description
 starts with :data:`GPU_ONLY`; panels that wait for an event or a setting (errors, continuous batching,
-the sync audit, ...) end with the sentence of their :class:`NoData` reason, which ``--verify`` lists.
+the sync audit, service-level goals, ...) end with the sentence of their :class:`NoData` reason, which
+``--verify`` lists; panels only ``generate()`` calls feed say so (:data:`GENERATE_ONLY`), and ``--verify``
+excuses them where Prometheus shows continuous batching and no ``generate()`` call.
 
 One module per concern, each importing only those before it in this list:
 
@@ -42,8 +44,8 @@ from __future__ import annotations
 from .cli import main
 from .doc_tables import gpu_panels_table, mapping_table
 from .files import DASHBOARD_DIR, PROMETHEUS_DIR, dashboard_files, prometheus_files
-from .grafana import fill, is_gpu_only, json_panels, no_data_reason, regex_any, render
-from .model import GPU_ONLY, NO_DATA_REASONS, Dashboard, NoData, Panel, Row, Target
+from .grafana import fill, is_generate_only, is_gpu_only, json_panels, no_data_reason, regex_any, render
+from .model import GENERATE_ONLY, GPU_ONLY, NO_DATA_REASONS, NO_GENERATE_CALL, Dashboard, NoData, Panel, Row, Target
 from .panels import dashboards, overview, ranks
 from .prometheus_api import (
     MAX_ANSWER_BYTES,
@@ -56,17 +58,21 @@ from .prometheus_config import DEFAULT_PORT, scrape_config
 from .promql import InvalidQueryError, check_queries, check_rules, metric_names
 from .rules import (
     ALERTS_FILE,
+    BURN_RATES,
     LATENCIES,
     RULES_FILE,
+    SLO_OBJECTIVE,
     TTFT_ALERT_SECONDS,
+    BurnRate,
     Latency,
     alert_rules,
+    miss_ratio_name,
     recorded_name,
     recorded_series,
     recording_rules,
 )
 from .series import exported_series, label, model_label, series
-from .verify import QueryResult, summary, variable_values, verify
+from .verify import QueryResult, continuous_batching_only, summary, variable_values, verify
 from .yaml_emit import to_yaml
 
 __all__ = [
@@ -77,14 +83,20 @@ __all__ = [
     "Latency",
     "LATENCIES",
     "GPU_ONLY",
+    "GENERATE_ONLY",
     "NoData",
     "NO_DATA_REASONS",
+    "NO_GENERATE_CALL",
     "RULES_FILE",
     "ALERTS_FILE",
     "DASHBOARD_DIR",
     "PROMETHEUS_DIR",
     "DEFAULT_PORT",
     "TTFT_ALERT_SECONDS",
+    "SLO_OBJECTIVE",
+    "BurnRate",
+    "BURN_RATES",
+    "miss_ratio_name",
     "label",
     "model_label",
     "series",
@@ -106,6 +118,7 @@ __all__ = [
     "check_rules",
     "InvalidQueryError",
     "is_gpu_only",
+    "is_generate_only",
     "no_data_reason",
     "json_panels",
     "fill",
@@ -117,6 +130,7 @@ __all__ = [
     "MAX_ANSWER_BYTES",
     "QueryResult",
     "variable_values",
+    "continuous_batching_only",
     "verify",
     "summary",
     "mapping_table",

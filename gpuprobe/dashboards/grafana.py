@@ -12,13 +12,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import ConfigError
-from .model import GPU_ONLY, NEEDS_GPU, NO_DATA_REASONS, Dashboard, NoData, Panel
+from .model import GENERATE_ONLY, GPU_ONLY, NEEDS_GPU, NO_DATA_REASONS, Dashboard, NoData, Panel
 from .series import RANK, label, series
 
 __all__ = [
     "render",
     "json_panels",
     "is_gpu_only",
+    "is_generate_only",
     "no_data_reason",
     "regex_any",
     "fill",
@@ -51,10 +52,14 @@ def _variables() -> list[dict[str, Any]]:
 
 
 def _description(panel: Panel) -> str:
-    """The panel's description, with the sentence of its documented reason to be empty (see :func:`no_data_reason`)."""
-    if panel.no_data is None:
-        return panel.description
-    return f"{panel.description} {panel.no_data.sentence}"
+    """The panel's description, with the sentence of its documented reason to be empty (see :func:`no_data_reason`)
+    and, for a panel only generate() calls feed, :data:`~.model.GENERATE_ONLY` (see :func:`is_generate_only`)."""
+    text = panel.description
+    if panel.generate_only:
+        text = f"{text} {GENERATE_ONLY}"
+    if panel.no_data is not None:
+        text = f"{text} {panel.no_data.sentence}"
+    return text
 
 
 def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
@@ -115,6 +120,17 @@ def is_gpu_only(panel: Mapping[str, Any]) -> bool:
         (True, False)
     """
     return str(panel.get("description", "")).startswith(GPU_ONLY)
+
+
+def is_generate_only(panel: Mapping[str, Any]) -> bool:
+    """Whether a Grafana panel (JSON) says only generate() calls feed it (its description holds
+    :data:`~.model.GENERATE_ONLY`).
+
+    Example:
+        >>> is_generate_only({"description": "Mean sequences per call. " + GENERATE_ONLY})
+        True
+    """
+    return GENERATE_ONLY in str(panel.get("description", ""))
 
 
 def no_data_reason(panel: Mapping[str, Any]) -> NoData | None:

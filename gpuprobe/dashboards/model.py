@@ -17,7 +17,10 @@ __all__ = [
     "PEAKS_UNKNOWN",
     "LAYER_TIMING_OFF",
     "NO_PROBES",
+    "NO_SERVICE_LEVEL_GOALS",
     "NO_DATA_REASONS",
+    "GENERATE_ONLY",
+    "NO_GENERATE_CALL",
     "Target",
     "Panel",
     "Row",
@@ -67,10 +70,23 @@ PEAKS_UNKNOWN = NoData(
 LAYER_TIMING_OFF = NoData("layer timing off",
                           "No data unless decoder layers are timed (instrument(model, layers=True)).")
 NO_PROBES = NoData("no probes", "No data unless the program runs @probe / with probe() regions of its own.")
+NO_SERVICE_LEVEL_GOALS = NoData(
+    "no service-level goals",
+    "No data unless service-level goals are set (GPUPROBE_SLO_TTFT, GPUPROBE_SLO_TPOT, GPUPROBE_SLO_E2E) and a "
+    "request has ended.")
 
 NO_DATA_REASONS = (NEEDS_GPU, WAITS_FOR_ERRORS, WAITS_FOR_DROPS, KERNEL_SAMPLING_OFF, SYNC_AUDIT_OFF,
-                   NO_CONTINUOUS_BATCHING, NO_SPECULATIVE_DECODING, PEAKS_UNKNOWN, LAYER_TIMING_OFF, NO_PROBES)
+                   NO_CONTINUOUS_BATCHING, NO_SPECULATIVE_DECODING, PEAKS_UNKNOWN, LAYER_TIMING_OFF, NO_PROBES,
+                   NO_SERVICE_LEVEL_GOALS)
 """Every documented reason, in the order ``--verify`` lists them (docs/grafana.md names each one)."""
+
+GENERATE_ONLY = "Only generate() calls record it: continuous batching (generate_batch, transformers serve " \
+                "--continuous-batching) does not."
+"""What the description of a panel only ``generate()`` calls feed says (``Panel.generate_only``)."""
+NO_GENERATE_CALL = NoData("no generate() call in this process: continuous batching only", GENERATE_ONLY)
+"""Why a :attr:`Panel.generate_only` panel is empty where the processes scraped ran continuous batching and
+made no ``generate()`` call: ``--verify`` asks Prometheus which they did (not one of :data:`NO_DATA_REASONS`,
+which hold whatever the workload)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +116,8 @@ class Panel:
         gpu_only: its series exist only on a CUDA device.
         no_data: why it may show no data on a healthy run without a GPU problem (what it waits for or
             needs), or None when it always has data while generation runs.
+        generate_only: only ``generate()`` calls feed it, not continuous batching (the JSON description adds
+            :data:`GENERATE_ONLY`; ``--verify`` excuses it where the processes made no generate() call).
 
     Example:
         >>> Panel("Batch size", "Mean sequences per call.", ()).unit
@@ -113,10 +131,13 @@ class Panel:
     stack: bool = False
     gpu_only: bool = False
     no_data: NoData | None = None
+    generate_only: bool = False
 
     def __post_init__(self) -> None:
         if self.no_data is NEEDS_GPU:
             raise ValueError(f"panel {self.title!r}: say gpu_only=True rather than no_data=NEEDS_GPU")
+        if self.no_data is NO_GENERATE_CALL:
+            raise ValueError(f"panel {self.title!r}: say generate_only=True rather than no_data=NO_GENERATE_CALL")
 
     @property
     def no_data_reason(self) -> NoData | None:

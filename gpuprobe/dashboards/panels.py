@@ -18,6 +18,7 @@ from .model import (
     LAYER_TIMING_OFF,
     NO_CONTINUOUS_BATCHING,
     NO_PROBES,
+    NO_SERVICE_LEVEL_GOALS,
     NO_SPECULATIVE_DECODING,
     PEAKS_UNKNOWN,
     SYNC_AUDIT_OFF,
@@ -29,7 +30,7 @@ from .model import (
     Row,
     Target,
 )
-from .rules import RULES_FILE, STATS, WINDOW, Latency, latency, recorded_name, stat_expr
+from .rules import BURN_RATES, RULES_FILE, SLO_OBJECTIVE, STATS, WINDOW, Latency, latency, recorded_name, stat_expr
 from .series import ERROR_TYPE, LAYER_TYPE, RANK, TOKEN_TYPE, braces, label, model_label, series
 
 __all__ = ["Queries", "overview", "ranks", "dashboards"]
@@ -117,15 +118,46 @@ def _requests_row(q: Queries) -> Row:
               "token-usage histogram's sum, which grows when each generate() call returns.",
               (Target(by_type, f"{{{{{TOKEN_TYPE}}}}}"),), "suffix: tok/s"),
         Panel("Requests in flight", "generate() calls running now (gpuprobe.generate.active) and calls "
-              "completed per second.",
+              "completed per second (continuous batching's requests running and waiting are in the Serving row).",
               (Target(f"sum({q.sel(active)})", "in flight"),
-               Target(f"sum({q.rate(req, 'count', succeeded)})", "completed/s")), "short"),
+               Target(f"sum({q.rate(req, 'count', succeeded)})", "completed/s")), "short", generate_only=True),
         Panel("Errors", "Failed generate() calls per second by exception type, and exceptions raised inside "
               "your own probes.",
               (Target(errors, f"generate(): {{{{{ERROR_TYPE}}}}}"),
                Target(probe_errors, f"probe {{{{probe}}}}: {{{{{ERROR_TYPE}}}}}")), "short",
               no_data=WAITS_FOR_ERRORS),
     ))
+
+
+def _goals_row(q: Queries) -> Row:
+    """Service-level goals (settings slo_ttft, slo_tpot, slo_e2e): goodput, what was missed, the burn rate."""
+    slo = "gpuprobe.requests.slo"
+    who = "{{model}}"
+    met, not_met = 'result="met"', 'result!="met"'
+    goodput = f"sum by (model) ({q.rate(slo, '', met)}) / sum by (model) ({q.rate(slo)})"
+    missed = f"sum by (model, result) ({q.rate(slo, '', not_met)})"
+    budget = f"{1 - SLO_OBJECTIVE:g}"
+
+    def burn(window: str) -> str:
+        missing, every = (f"rate({q.sel(slo, '', *extra)}[{window}])" for extra in ((not_met,), ()))
+        return f"sum by (model) ({missing}) / sum by (model) ({every}) / {budget}"
+
+    fast = BURN_RATES[0]
+    return Row("Service-level goals", _no_data(NO_SERVICE_LEVEL_GOALS, (
+        Panel("Goodput", "Share of finished requests that met every service-level goal (time to first token, "
+              "time per output token and duration at most GPUPROBE_SLO_TTFT, GPUPROBE_SLO_TPOT, GPUPROBE_SLO_E2E), "
+              f"by model: met ÷ all of {series(slo)} (cancelled requests are not counted).",
+              (Target(goodput, who),), "percentunit"),
+        Panel("Requests missing their goals", "Finished requests per second that missed a goal, by model and the "
+              "first goal they missed (ttft, tpot, e2e, in this order), and those that failed (error).",
+              (Target(missed, f"{who} {{{{result}}}}"),), "short", stack=True),
+        Panel("Error-budget burn rate", f"How many times faster than the error budget allows requests miss their "
+              f"goals: the share that missed ÷ {budget} (an objective of {SLO_OBJECTIVE:g} of requests meeting "
+              f"them), over {fast.long} and {fast.short}. The alert {fast.alert} fires when both are above "
+              f"{fast.rate:g} ({RULES_FILE} has the others).",
+              (Target(burn(fast.long), f"{who} {fast.long}"), Target(burn(fast.short), f"{who} {fast.short}")),
+              "short"),
+    )))
 
 
 def _serving_row(q: Queries) -> Row:
@@ -197,7 +229,8 @@ def _steps_row(q: Queries) -> Row:
               (Target(by_comp, "{{component}}"),), "s", stack=True),
         Panel("Logits processors: share of step time", "Time in logits processors (repetition penalty, "
               "top-k, ...) as a share of host step time: all of them, and each by class.",
-              (Target(lp_all, "all logits processors"), Target(lp_each, "{{processor}}")), "percentunit"),
+              (Target(lp_all, "all logits processors"), Target(lp_each, "{{processor}}")), "percentunit",
+              generate_only=True),
         _syncs_panel(q),
         Panel("Decoder layer time", "Mean and p95 of one decoder layer's forward, by layer class (sampled "
               "on one decode step in N).",
@@ -205,7 +238,7 @@ def _steps_row(q: Queries) -> Row:
               no_data=LAYER_TIMING_OFF),
         Panel("Batch size", "Mean sequences per generate() call.",
               (Target(f"sum({q.rate(batch, 'sum')}) / sum({q.rate(batch, 'count')})", "mean batch size"),),
-              "short"),
+              "short", generate_only=True),
         *_utilization_panels(q),
     ))
 
@@ -310,12 +343,13 @@ def _memory_row(q: Queries) -> Row:
               (Target(f"sum by ({keep}) ({q.sel(reserved)})", f"reserved {mem}"),
                Target(f"sum by ({keep}) ({q.sel(reserved)}) - sum by ({keep}) ({q.sel(alloc)})",
                       f"reserved, not allocated {mem}")), "bytes", gpu_only=True),
-        Panel("KV cache size", "Bytes held by the KV cache of the running generate() call.",
+        Panel("KV cache size", "Bytes held by the KV cache of the running generate() call (the paged cache of "
+              "continuous batching is in the Serving row).",
               (Target(f"sum by (instance, {RANK}, {kv}) ({q.sel('gpuprobe.kv_cache.memory')})",
-                      f"{{{{{kv}}}}}{who}"),), "bytes"),
+                      f"{{{{{kv}}}}}{who}"),), "bytes", generate_only=True),
         Panel("KV cache sequence length", "Tokens held by the KV cache (prompt + generated so far).",
               (Target(f"max by (instance, {RANK}, {kv}) ({q.sel('gpuprobe.kv_cache.sequence_length')})",
-                      f"{{{{{kv}}}}}{who}"),), "short"),
+                      f"{{{{{kv}}}}}{who}"),), "short", generate_only=True),
     ))
 
 
@@ -394,14 +428,14 @@ def overview(inline: bool = False) -> Dashboard:
 
     Example:
         >>> [row.title for row in overview().rows]
-        ['Requests', 'Serving (continuous batching)', 'Generation steps', 'Speculative decoding', 'Memory', 'Kernels, probes and telemetry', 'GPU health']
+        ['Requests', 'Service-level goals', 'Serving (continuous batching)', 'Generation steps', 'Speculative decoding', 'Memory', 'Kernels, probes and telemetry', 'GPU health']
     """
     q = Queries(inline)
     return Dashboard(
         "gpuprobe-overview", "gpuprobe · generation overview",
         "Live metrics of generate() calls measured by gpuprobe: latency, throughput, step breakdown, memory.",
-        (_requests_row(q), _serving_row(q), _steps_row(q), _speculative_row(q), _memory_row(q), _kernels_row(q),
-         _gpu_health_row(q)),
+        (_requests_row(q), _goals_row(q), _serving_row(q), _steps_row(q), _speculative_row(q), _memory_row(q),
+         _kernels_row(q), _gpu_health_row(q)),
     )
 
 
@@ -438,7 +472,8 @@ def ranks(inline: bool = False) -> Dashboard:
             Panel("Memory allocated by rank", "Allocated bytes per rank (process RSS on CPU).",
                   (Target(f"sum by ({keep}) ({q.sel('gpuprobe.memory.allocated')})", per_rank),), "bytes"),
             Panel("Requests in flight by rank", "generate() calls running now, per rank.",
-                  (Target(f"sum by ({keep}) ({q.sel('gpuprobe.generate.active')})", per_rank),), "short"),
+                  (Target(f"sum by ({keep}) ({q.sel('gpuprobe.generate.active')})", per_rank),), "short",
+                  generate_only=True),
             Panel("Decode step time p95 by rank (device clock)", f"{GPU_ONLY} p95 of one decode step as a device "
                   "span (CUDA events), per rank.", (Target(q.stat(step, "p95", 'phase="decode"', 'clock="device"'), per_rank),),
                   "s", gpu_only=True),

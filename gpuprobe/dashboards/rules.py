@@ -1,8 +1,13 @@
 """Prometheus recording and alert rules over gpuprobe's metrics (``gpuprobe-rules.yml``, ``gpuprobe-alerts.yml``).
 
 The recording rules compute p50/p95/p99 and the mean of the latency histograms over :data:`WINDOW`;
-dashboards and alerts read them by :func:`recorded_name`. Every rule aggregates explicitly, so the
-labels an OpenTelemetry Collector adds never split a series.
+dashboards and alerts read them by :func:`recorded_name`. They also record, per model, the share of
+finished requests that missed their service-level goals over each window of :data:`BURN_RATES`
+(:func:`miss_ratio_name`), which the burn-rate alerts read: the error budget is ``1 −`` the objective
+(:data:`SLO_OBJECTIVE`, the share of requests that must meet their goals), and a burn rate of 1 spends it
+exactly over the objective's period (multiwindow, multi-burn-rate alerts, as the Google SRE workbook
+sets them: both a long and a short window must burn fast, so an alert stops soon after the misses stop).
+Every rule aggregates explicitly, so the labels an OpenTelemetry Collector adds never split a series.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ __all__ = [
     "TTFT_ALERT_SECONDS",
     "QUEUE_ALERT_SECONDS",
     "KV_CACHE_ALERT_USAGE",
+    "SLO_OBJECTIVE",
+    "BurnRate",
+    "BURN_RATES",
+    "miss_ratio_name",
     "RULES_FILE",
     "ALERTS_FILE",
     "Latency",
@@ -43,6 +52,9 @@ QUEUE_ALERT_SECONDS = 1.0
 """The queue-time p95 above which ``GpuprobeQueueTimeHigh`` fires (requests wait before any work)."""
 KV_CACHE_ALERT_USAGE = 0.95
 """The paged KV cache usage above which ``GpuprobeKvCacheFull`` fires."""
+SLO_OBJECTIVE = 0.99
+"""The share of finished requests that must meet their service-level goals (``gpuprobe.requests.slo``); its
+error budget, 1 %, is what the burn-rate alerts watch."""
 RULES_FILE = "gpuprobe-rules.yml"
 ALERTS_FILE = "gpuprobe-alerts.yml"
 
@@ -119,10 +131,11 @@ def recorded_series() -> set[str]:
     """Every series name the recording rules produce.
 
     Example:
-        >>> len(recorded_series()) == len(LATENCIES) * len(STATS)
+        >>> len(recorded_series()) == len(LATENCIES) * len(STATS) + 5  # and the miss ratio over five windows
         True
     """
-    return {recorded_name(lat.metric, stat) for lat in LATENCIES for stat in STATS}
+    return {recorded_name(lat.metric, stat) for lat in LATENCIES for stat in STATS} | {
+        miss_ratio_name(w) for w in _SLO_WINDOWS}
 
 
 def stat_expr(lat: Latency, stat: str, window: str, matchers: Sequence[str] = ()) -> str:
@@ -154,7 +167,61 @@ def recording_rules() -> dict[str, Any]:
         for lat in LATENCIES
         for stat in STATS
     ]
-    return {"groups": [{"name": "gpuprobe-latency", "rules": rules}]}
+    slo = [{"record": miss_ratio_name(w), "expr": _miss_ratio_expr(w)} for w in _SLO_WINDOWS]
+    return {"groups": [{"name": "gpuprobe-latency", "rules": rules}, {"name": "gpuprobe-slo", "rules": slo}]}
+
+
+@dataclasses.dataclass(frozen=True)
+class BurnRate:
+    """A burn-rate alert: the miss ratio over both windows above ``rate`` × the error budget.
+
+    Attributes:
+        alert: its name.
+        rate: how many times faster than the budget allows requests miss their goals.
+        long, short: the windows (the short one ends the alert soon after the misses stop).
+        severity: its ``severity`` label.
+        budget: the share of a 30-day error budget spent by the time it fires (for its description).
+
+    Example:
+        >>> BURN_RATES[0].long, BURN_RATES[0].short
+        ('1h', '5m')
+    """
+
+    alert: str
+    rate: float
+    long: str
+    short: str
+    severity: str
+    budget: str
+
+
+BURN_RATES: tuple[BurnRate, ...] = (
+    BurnRate("GpuprobeErrorBudgetBurnFast", 14.4, "1h", "5m", "critical", "2 % in 1 hour"),
+    BurnRate("GpuprobeErrorBudgetBurn", 6.0, "6h", "30m", "critical", "5 % in 6 hours"),
+    BurnRate("GpuprobeErrorBudgetBurnSlow", 1.0, "3d", "6h", "warning", "10 % in 3 days"),
+)
+"""The burn-rate alerts, from the fastest: the Google SRE workbook's multiwindow, multi-burn-rate set."""
+_SLO_WINDOWS = tuple(sorted({w for b in BURN_RATES for w in (b.long, b.short)},
+                            key=lambda w: int(w[:-1]) * {"m": 1, "h": 60, "d": 1440}[w[-1]]))
+_SLO_KEEP = "job, model"  # a service's goals: its model, over every instance and rank that serves it
+
+
+def miss_ratio_name(window: str) -> str:
+    """The recording rule's series of the share of requests that missed their goals over ``window``.
+
+    Example:
+        >>> miss_ratio_name("5m")
+        'gpuprobe:gpuprobe_requests_slo:miss_ratio_rate5m'
+    """
+    if window not in _SLO_WINDOWS:
+        raise ConfigError(f"no miss ratio is recorded over {window!r}; recorded: {', '.join(_SLO_WINDOWS)}")
+    return f"gpuprobe:{prometheus_name(SPECS['gpuprobe.requests.slo'])}:miss_ratio_rate{window}"
+
+
+def _miss_ratio_expr(window: str) -> str:
+    slo = series("gpuprobe.requests.slo")
+    return (f'sum by ({_SLO_KEEP}) (rate({slo}{{result!="met"}}[{window}])) '
+            f"/ sum by ({_SLO_KEEP}) (rate({slo}[{window}]))")
 
 
 def _new_or_increased(expr_by: str, sel: str) -> str:
@@ -163,16 +230,45 @@ def _new_or_increased(expr_by: str, sel: str) -> str:
             f"sum by ({expr_by}) ({sel} unless {sel} offset 5m) > 0")
 
 
+def _burn_rate_rules(objective: float) -> list[dict[str, Any]]:
+    """The burn-rate alerts of :data:`BURN_RATES` for ``objective`` (a share of requests, 0 < it < 1)."""
+    if not 0 < objective < 1:
+        raise ConfigError(f"the service-level objective must be a share of requests between 0 and 1, got {objective!r}")
+    budget = 1 - objective
+    out = []
+    for burn in BURN_RATES:
+        threshold = f"{round(burn.rate * budget, 9):g}"
+        out.append({
+            "alert": burn.alert,
+            "expr": f"{miss_ratio_name(burn.long)} > {threshold} and {miss_ratio_name(burn.short)} > {threshold}",
+            "labels": {"severity": burn.severity},
+            "annotations": {
+                "summary": f"Model {{{{ $labels.model }}}} spends its error budget at {burn.rate:g}× the rate it "
+                           f"allows ({burn.long} and {burn.short})",
+                "description": f"{{{{ $value | humanizePercentage }}}} of its finished requests missed their "
+                               f"service-level goals over the last {burn.long}, and more than "
+                               f"{burn.rate * budget * 100:.3g} % of them over the last {burn.short} too; with an "
+                               f"objective of {objective * 100:.4g} % of requests meeting them, {burn.budget} of a "
+                               "30-day error budget is spent when this fires. gpuprobe_requests_slo_total by result "
+                               "says which goal was missed (ttft, tpot, e2e) or that requests failed (error)."}})
+    return out
+
+
 def alert_rules(ttft_seconds: float = TTFT_ALERT_SECONDS, queue_seconds: float = QUEUE_ALERT_SECONDS,
-                kv_cache_usage: float = KV_CACHE_ALERT_USAGE) -> dict[str, Any]:
+                kv_cache_usage: float = KV_CACHE_ALERT_USAGE, slo_objective: float = SLO_OBJECTIVE) -> dict[str, Any]:
     """A few alerts: slow first token, dropped telemetry, a seam switched off, failing generate() calls, a
     rank gone; for
-    continuous batching, a KV cache that stays full and requests that queue too long.
+    continuous batching, a KV cache that stays full and requests that queue too long; and requests missing
+    their service-level goals faster than their error budget allows (burn rate, :data:`BURN_RATES`).
 
     Args:
         ttft_seconds: the time-to-first-token p95 above which ``GpuprobeTimeToFirstTokenHigh`` fires.
         queue_seconds: the queue-time p95 above which ``GpuprobeQueueTimeHigh`` fires.
         kv_cache_usage: the KV cache usage (a fraction) above which ``GpuprobeKvCacheFull`` fires.
+        slo_objective: the share of finished requests that must meet their goals (the burn-rate alerts).
+
+    Raises:
+        ConfigError: ``slo_objective`` is not between 0 and 1.
 
     Example:
         >>> alert_rules(ttft_seconds=0.5)["groups"][0]["rules"][0]["expr"]
@@ -233,4 +329,5 @@ def alert_rules(ttft_seconds: float = TTFT_ALERT_SECONDS, queue_seconds: float =
                          "description": "p95 over 1 m is {{ $value | humanizeDuration }} for model {{ $labels."
                                         + str(kv_model) + " }}: requests wait for room in a batch or in the KV "
                                         "cache before any work is done for them."}},
+        *_burn_rate_rules(slo_objective),
     ]}]}

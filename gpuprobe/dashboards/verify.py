@@ -8,11 +8,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
-from .model import NO_DATA_REASONS
-from .grafana import fill, is_gpu_only, json_panels, label_values_query, no_data_reason, regex_any
+from .grafana import fill, is_generate_only, is_gpu_only, json_panels, label_values_query, no_data_reason, regex_any
+from .model import NO_DATA_REASONS, NO_GENERATE_CALL
 from .prometheus_api import Prometheus, PrometheusAnswerError, PrometheusError, PrometheusUnreachableError
+from .series import RANK, braces, model_label, series
 
-__all__ = ["QueryResult", "variable_values", "verify", "summary"]
+__all__ = ["QueryResult", "variable_values", "continuous_batching_only", "verify", "summary"]
 
 
 def variable_values(prom: Prometheus, dashboard: Mapping[str, Any]) -> dict[str, list[str]]:
@@ -82,6 +83,28 @@ def _finite(sample: Mapping[str, Any]) -> bool:
         return False
 
 
+# What only a generate() call records (its batch size, at its first step), and what only continuous batching
+# records (the requests of each scheduler step).
+_GENERATE_CALLS = "gpuprobe.step.batch_size"
+_CONTINUOUS_STEPS = "gpuprobe.batch.requests"
+
+
+def _recorded(client: Prometheus, metric: str, values: Mapping[str, str]) -> bool:
+    """Whether the processes the variables select recorded ``metric`` (a histogram) at least once."""
+    model = model_label(metric)
+    matchers = (*((f'{model}=~"$model"',) if model and "model" in values else ()),
+                *((f'{RANK}=~"$rank"',) if "rank" in values else ()),
+                *(('instance=~"$instance"',) if "instance" in values else ()))
+    expr = fill(f"count({series(metric, 'count')}{braces(matchers)} > 0)", values)
+    return any(_finite(s) for s in client.query(expr))
+
+
+def continuous_batching_only(client: Prometheus, values: Mapping[str, str]) -> bool:
+    """Whether the processes the variables select ran continuous batching and made no ``generate()`` call
+    (then a :attr:`~.model.Panel.generate_only` panel has nothing to show: :data:`~.model.NO_GENERATE_CALL`)."""
+    return not _recorded(client, _GENERATE_CALLS, values) and _recorded(client, _CONTINUOUS_STEPS, values)
+
+
 def verify(prom: Prometheus | str, dashboards_json: Iterable[Mapping[str, Any]],
            chosen: Mapping[str, Sequence[str]] | None = None, *, rate_interval: str = "1m",
            gpu_only: bool | None = None) -> list[QueryResult]:
@@ -124,11 +147,17 @@ def verify(prom: Prometheus | str, dashboards_json: Iterable[Mapping[str, Any]],
                 raise ConfigError(f"dashboard {board.get('uid')!r}: variable ${name} does not offer "
                                   f"{missing_values} (Prometheus offers {offers})")
             values[name] = regex_any(want) if want else ".*"
+        only_batching: bool | None = None  # asked once per dashboard, when a generate()-only panel comes
         for panel in json_panels(board):
             flagged = is_gpu_only(panel)
             if gpu_only is not None and flagged != gpu_only:
                 continue
             reason = no_data_reason(panel)
+            if reason is None and is_generate_only(panel):
+                if only_batching is None:
+                    only_batching = continuous_batching_only(client, values)
+                if only_batching:
+                    reason = NO_GENERATE_CALL
             for target in panel.get("targets", []):
                 expr = fill(str(target["expr"]), values, rate_interval)
                 try:
@@ -183,7 +212,7 @@ def summary(results: Sequence[QueryResult]) -> tuple[list[str], bool]:
     excused = [r for r in results if r.excused]
     if excused:
         lines.append(f"{_queries(len(excused))} returned no data in panels that are empty for a documented reason:")
-        known = [r.reason for r in NO_DATA_REASONS]
+        known = [r.reason for r in (*NO_DATA_REASONS, NO_GENERATE_CALL)]
         for reason in sorted({r.no_data for r in excused}, key=lambda x: (known.index(x) if x in known else 99, x)):
             these = [r for r in excused if r.no_data == reason]
             lines.append(f"  {reason} ({_queries(len(these))}):")

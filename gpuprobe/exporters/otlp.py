@@ -174,7 +174,8 @@ class _Endpoint:
         ConfigError: the URL is not an http:// or https:// URL with a host.
     """
 
-    def __init__(self, url: str, headers: Mapping[str, str] | None) -> None:
+    def __init__(self, url: str, headers: Mapping[str, str] | None, signal: str = "METRICS") -> None:
+        self._signal = signal  # whose OTEL_EXPORTER_OTLP_<SIGNAL>_* variables apply first: METRICS or TRACES
         parts = urlsplit(url)
         try:
             port = parts.port
@@ -187,11 +188,11 @@ class _Endpoint:
         self.port = port or (443 if parts.scheme == "https" else 80)
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.headers = {"Content-Type": "application/x-protobuf", "User-Agent": f"gpuprobe/{__version__}"}
-        env_headers = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_HEADERS, otel_env.OTEL_EXPORTER_OTLP_HEADERS)
+        env_headers = self._var("HEADERS")
         if env_headers:
             self.headers.update(parse_env_headers(env_headers, liberal=True))
         self.headers.update(headers or {})
-        compression = (_env(otel_env.OTEL_EXPORTER_OTLP_METRICS_COMPRESSION, otel_env.OTEL_EXPORTER_OTLP_COMPRESSION)
+        compression = (self._var("COMPRESSION")
                        or "none").strip().lower()
         compressors: dict[str, Callable[[bytes], bytes] | None] = {
             "none": None, "gzip": gzip.compress, "deflate": zlib.compress}
@@ -206,17 +207,21 @@ class _Endpoint:
         if parts.scheme == "https":
             self.tls = self._tls_context()
 
+    def _var(self, name: str) -> str | None:
+        """``OTEL_EXPORTER_OTLP_<SIGNAL>_<NAME>``, else ``OTEL_EXPORTER_OTLP_<NAME>``."""
+        return _env(f"OTEL_EXPORTER_OTLP_{self._signal}_{name}", f"OTEL_EXPORTER_OTLP_{name}")
+
     def _tls_context(self) -> ssl.SSLContext:
-        ca = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE, otel_env.OTEL_EXPORTER_OTLP_CERTIFICATE)
+        ca = self._var("CERTIFICATE")
         try:
             context = ssl.create_default_context(cafile=ca)
         except (OSError, ssl.SSLError) as exc:
             self.problems.append(f"gpuprobe: the OTLP certificate file {ca!r} (OTEL_EXPORTER_OTLP_[METRICS_]"
                                  f"CERTIFICATE) cannot be loaded: {exc}; the system's certificates are used")
             context = ssl.create_default_context()
-        cert = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE, otel_env.OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE)
+        cert = self._var("CLIENT_CERTIFICATE")
         if cert:
-            key = _env(otel_env.OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY, otel_env.OTEL_EXPORTER_OTLP_CLIENT_KEY)
+            key = self._var("CLIENT_KEY")
             try:
                 context.load_cert_chain(cert, key)
             except (OSError, ssl.SSLError) as exc:

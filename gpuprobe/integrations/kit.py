@@ -8,7 +8,8 @@ Public, so an integration outside gpuprobe (your own decoding loop) records the 
 inside it; docs/architecture.md, "How to add an integration", shows one.
 
 A request's series are the OpenTelemetry GenAI ones (time to first token on both clocks, time per output
-token, request duration by error type, token usage), labelled with :func:`genai_labels`, which name the
+token, request duration by error type, token usage, a streaming request's time to first chunk; the names of
+the conventions' version :mod:`gpuprobe._semconv` picks), labelled with :func:`genai_labels`, which name the
 provider; gpuprobe's own step series (step duration by phase and clock, its components, inter-token
 latency on both clocks) carry :data:`MODEL_LABEL`.
 
@@ -30,10 +31,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import memory
+from .._semconv import genai_latest
 from ..runtime import Runtime
 
-__all__ = ["MODEL_LABEL", "OPERATION", "DecodeSpan", "DeviceTally", "RequestSeries", "StepSeries", "genai_labels",
-           "time_per_output_token_ns"]
+__all__ = ["MODEL_LABEL", "OPERATION", "DecodeSpan", "DeviceTally", "MemoryGauges", "RequestSeries", "StepSeries",
+           "genai_labels", "time_per_output_token_ns"]
 
 # OpenTelemetry GenAI semantic conventions: generation from token ids is a text completion.
 OPERATION = "text_completion"
@@ -69,8 +72,8 @@ class RequestSeries:
         operation: ``gen_ai.operation.name`` (:data:`OPERATION` for generation from token ids).
     """
 
-    __slots__ = ("labels", "ttft", "ttft_device", "tpot", "request_ok", "usage_in", "usage_out", "_request",
-                 "_errors")
+    __slots__ = ("labels", "ttft", "ttft_device", "tpot", "request_ok", "usage_in", "usage_out", "first_chunk",
+                 "_request", "_errors")
 
     def __init__(self, rt: Runtime, model: str, provider: str, operation: str = OPERATION) -> None:
         fam = rt.family
@@ -83,8 +86,21 @@ class RequestSeries:
         self._request = fam("gen_ai.server.request.duration")
         self.request_ok = self._request.child(**gen).apply
         usage = fam("gen_ai.client.token.usage")
+        #: A request's input and output tokens (every sequence's): the token-usage histogram, and with the
+        #: newest GenAI conventions (``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``) its
+        #: replacements too, the counters and per-operation histograms, from the same record.
         self.usage_in = usage.child(**gen, **{"gen_ai.token.type": "input"}).apply
         self.usage_out = usage.child(**gen, **{"gen_ai.token.type": "output"}).apply
+        latest = genai_latest(rt.warn_once)
+        if latest:
+            modality = {"gen_ai.token.modality": "unknown"}  # token ids: gpuprobe does not know what they encode
+            self.usage_in = _Fanout(self.usage_in, fam("gen_ai.client.inference.usage.input_tokens").child(
+                **gen, **modality).apply, fam("gen_ai.client.inference.operation.input_tokens").child(**gen).apply)
+            self.usage_out = _Fanout(self.usage_out, fam("gen_ai.client.inference.usage.output_tokens").child(
+                **gen, **modality).apply, fam("gen_ai.client.inference.operation.output_tokens").child(**gen).apply)
+        #: A streaming request's time to its first chunk of output (the convention's time to first chunk).
+        self.first_chunk = fam("gen_ai.client.inference.time_to_first_chunk" if latest else
+                               "gen_ai.client.operation.time_to_first_chunk").child(**gen).apply
         self._errors: dict[str, Any] = {}
 
     def request_error(self, error_type: str) -> Any:
@@ -96,6 +112,69 @@ class RequestSeries:
             if len(self._errors) < 64:  # bounded like the series: a program's error types never grow it
                 self._errors[error_type] = found
         return found
+
+
+class _Fanout:
+    """One record applied to several series (a request's token count under the newest GenAI conventions:
+    the histogram it always fed and its replacements). Applied at the drain, off the request's thread."""
+
+    __slots__ = ("_applies",)
+
+    def __init__(self, *applies: Any) -> None:
+        self._applies = applies
+
+    def __call__(self, value: int) -> None:
+        for apply in self._applies:
+            apply(value)
+
+
+class MemoryGauges:
+    """The memory gauges (allocated, reserved, peak) of the devices a model runs on, read through the
+    runtime's memory reader: one allocator read per CUDA device, no device sync; on a CPU, the process's
+    resident set (``reserved`` then stays unset).
+
+    Example:
+        >>> from gpuprobe.runtime import runtime
+        >>> records = []
+        >>> MemoryGauges(runtime()).read(records, ())  # no CUDA device: the process's memory
+        >>> len(records)
+        2
+    """
+
+    __slots__ = ("rt", "_children", "_families")
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._children: dict[str, tuple[Any, Any, Any]] = {}  # device name -> (allocated, reserved, peak) apply
+        self._families = (rt.family("gpuprobe.memory.allocated"), rt.family("gpuprobe.memory.reserved"),
+                          rt.family("gpuprobe.memory.peak"))
+
+    def read(self, records: Any, devices: tuple[int, ...]) -> None:
+        """Append one reading of each CUDA device in ``devices`` (none: the process's memory) to ``records``."""
+        rt = self.rt
+        reader = rt.backends.read_memory if devices else memory.process_reading
+        children = self._children
+        for device in devices or (None,):
+            try:
+                reading = reader(device)
+            except Exception as exc:
+                rt.warn_once("memory", f"gpuprobe: memory reading failed: {exc!r}")
+                return
+            if reading is None:  # CUDA not initialized yet: nothing to read
+                continue
+            # Why looked up here and not in a method: a reading then costs one Python call fewer (a step that
+            # reads the gauges, test_step_calls.py).
+            found = children.get(reading.device)
+            if found is None:
+                a, r, p = self._families
+                found = (a.child(device=reading.device).apply, r.child(device=reading.device).apply,
+                         p.child(device=reading.device).apply)
+                if len(children) < 64:  # devices of one process: a handful
+                    children[reading.device] = found
+            records.append((found[0], reading.allocated))
+            if reading.reserved is not None:
+                records.append((found[1], reading.reserved))
+            records.append((found[2], reading.peak))
 
 
 class DeviceTally:

@@ -57,6 +57,7 @@ from ._transformers.compat import (
 from ._transformers.compat import import_transformers as _import_transformers
 from ._transformers.generate.layers import find_layers
 from ._transformers.generate.seams import fit_method_seams
+from ._transformers.serve_app import instrument_server, uninstrument_server
 
 __all__ = [
     "instrument",
@@ -469,9 +470,10 @@ def uninstrument_class(cls: C | None = None) -> C:
 
 def instrument_all(**options: Any) -> None:
     """Instrument every transformers model in the process at its first ``generate()`` call or
-    continuous-batching start.
+    continuous-batching start, and the app of ``transformers serve`` (``Server-Timing``, request ids:
+    docs/serving.md).
 
-    Same as ``instrument_class(GenerationMixin, **options)``.
+    Same as ``instrument_class(GenerationMixin, **options)``, and the serving app's seams.
 
     Example:
         >>> from gpuprobe.integrations.transformers import instrument_all, uninstrument_all
@@ -479,6 +481,8 @@ def instrument_all(**options: Any) -> None:
         >>> uninstrument_all()
     """
     instrument_class(None, **options)
+    if not DISABLED_AT_IMPORT:
+        instrument_server()
 
 
 def uninstrument_all() -> None:
@@ -490,3 +494,4 @@ def uninstrument_all() -> None:
     """
     for cls in list(_class_patches):
         uninstrument_class(cls)
+    uninstrument_server()

@@ -11,7 +11,7 @@ import pytest
 
 from gpuprobe import dashboards as dash
 from gpuprobe.dashboards.cli import PROMETHEUS_SUBDIR
-from gpuprobe.dashboards.model import NEEDS_GPU
+from gpuprobe.dashboards.model import GENERATE_ONLY, NEEDS_GPU
 
 from .promstack import ROOT, shipped_dashboards
 
@@ -34,10 +34,11 @@ def test_the_json_description_ends_with_the_reasons_sentence() -> None:
     for model, board in zip(dash.dashboards(), shipped_dashboards(), strict=True):
         described = {p["title"]: p["description"] for p in dash.json_panels(board)}
         for panel in model.panels:
+            said = f"{panel.description} {GENERATE_ONLY}" if panel.generate_only else panel.description
             if panel.no_data is not None:
-                assert described[panel.title] == f"{panel.description} {panel.no_data.sentence}"
+                assert described[panel.title] == f"{said} {panel.no_data.sentence}"
             else:
-                assert described[panel.title] == panel.description
+                assert described[panel.title] == said
 
 
 def test_reasons_cover_what_the_docs_call_normally_empty() -> None:

@@ -13,7 +13,7 @@ Modes:
   also runs continuous batching (``generate_batch``) with a KV cache too small for its requests, so
   the serving panels have queued, waiting and preempted requests, and speculative decoding (a draft
   model, and prompt lookup), so the speculative-decoding panels have drafts, accepted tokens and their
-  draft and verification times.
+  draft and verification times. Service-level goals are set, so the goal panels count its requests.
 - ``--distributed``: the same under torchrun: ``init_process_group("gloo")``, one all-reduce per
   call, /metrics on ``--port`` + ``LOCAL_RANK`` (gpuprobe's own rule).
 - ``--gpu-fixture``: no model; pushes synthetic values through gpuprobe's real runtime for the series
@@ -175,9 +175,11 @@ def _serve_batch(model: Any, rng: random.Random) -> None:
 
 
 def _generation(args: argparse.Namespace, stop: threading.Event) -> None:
-    # Peaks for the CPU (none are known for it), so the MBU and MFU panels have data.
+    # Peaks for the CPU (none are known for it), so the MBU and MFU panels have data; service-level goals, so
+    # the goal panels do (the failing calls count as errors).
     gpuprobe.configure(kernel_sampling=16, sync_audit=4, otlp_endpoint=f"http://127.0.0.1:{_closed_port()}/v1/metrics",
-                       otlp_interval=1.0, otlp_timeout=0.5, peak_memory_bandwidth="20G", peak_flops="200G")
+                       otlp_interval=1.0, otlp_timeout=0.5, peak_memory_bandwidth="20G", peak_flops="200G",
+                       slo_ttft=2.0, slo_e2e=30.0)
     dist = None
     if args.distributed:
         import torch.distributed as dist

@@ -24,9 +24,11 @@ __all__ = ["SUPPORTED_VERSIONS", "TESTED_VERSION", "UnsupportedVersionError", "U
            "model_names", "is_encoder_decoder", "device_map_devices", "block_class_names", "text_config_fields",
            "output_embeddings", "computes_all_logits", "stock_criteria_call",
            "continuous_batching_classes", "manager_parts", "processor_parts", "request_counts", "scheduled_rows",
-           "running_ids", "waiting_arrivals", "prefix_sharing_on", "page_tokens", "stop_limits",
+           "running_ids", "waiting_arrivals", "prefix_sharing_on", "page_tokens", "stop_limits", "sampling_params",
+           "max_new_tokens",
            "waiting_or_running", "output_fields", "output_ended",
-           "request_statuses", "ends_with_eos", "paged_cache_geometry", "used_blocks", "processor_placement"]
+           "request_statuses", "ends_with_eos", "paged_cache_geometry", "used_blocks", "processor_placement",
+           "SERVE_SERVER_MODULE", "serve_server_module", "serve_inference_thread", "add_app_middleware"]
 
 # -- versions and models ---------------------------------------------------------------------------
 
@@ -281,6 +283,25 @@ def stop_limits(generation_config: Any, prompt_len: int | None, kwargs: dict[str
         new = total - prompt_len if isinstance(total, int) and prompt_len is not None else None
     other = bool(getattr(generation_config, "stop_strings", None)) or bool((kwargs or {}).get("stopping_criteria"))
     return new, other
+
+
+def sampling_params(generation_config: Any) -> tuple[float | None, float | None, int | None]:
+    """``(temperature, top_p, top_k)`` a decoding loop samples with; None for each when it does not sample
+    (greedy decoding reads none of them), and for one left at a value that does nothing."""
+    if getattr(generation_config, "do_sample", False) is not True:
+        return None, None, None
+    temperature = getattr(generation_config, "temperature", None)
+    top_p = getattr(generation_config, "top_p", None)
+    top_k = getattr(generation_config, "top_k", None)
+    return (float(temperature) if isinstance(temperature, (int, float)) else None,
+            float(top_p) if isinstance(top_p, (int, float)) and top_p < 1.0 else None,
+            int(top_k) if isinstance(top_k, int) and top_k > 0 else None)
+
+
+def max_new_tokens(state: Any) -> int | None:
+    """The new tokens a continuous-batching request may make at most (its ``RequestState``)."""
+    value = getattr(state, "max_new_tokens", None)
+    return value if isinstance(value, int) else None
 
 
 # transformers' candidate generators (generation/candidate_generator.py) -> the ``method`` label; the first
@@ -575,3 +596,29 @@ def processor_placement(bp: Any) -> tuple[int | None, Any]:
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     return index, getattr(getattr(bp, "inputs_and_outputs", None), "compute_stream", None)
+
+
+# -- transformers serve ----------------------------------------------------------------------------
+
+SERVE_SERVER_MODULE = "transformers.cli.serving.server"
+"""Where ``transformers serve`` builds its FastAPI app (``build_server``); imported by its CLI."""
+_SERVE_UTILS_MODULE = "transformers.cli.serving.utils"
+
+
+def serve_server_module() -> Any:
+    """transformers serve's server module, if imported (None otherwise: nothing is imported here)."""
+    return sys.modules.get(SERVE_SERVER_MODULE)
+
+
+def serve_inference_thread() -> type | None:
+    """``InferenceThread`` of transformers serve (the persistent thread plain ``generate()`` runs on),
+    if its module is imported and has one."""
+    utils = sys.modules.get(_SERVE_UTILS_MODULE)
+    cls = getattr(utils, "InferenceThread", None)
+    return cls if isinstance(cls, type) else None
+
+
+def add_app_middleware(app: Any, middleware: type) -> None:
+    """Add an ASGI middleware to the FastAPI app ``build_server`` returned, outside its own (Starlette's
+    ``add_middleware``; the app must not have served a request yet)."""
+    app.add_middleware(middleware)

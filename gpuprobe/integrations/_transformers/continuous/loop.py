@@ -4,7 +4,9 @@ A step is one turn of the loop that ran a forward: from the start of ``prepare_n
 end of ``update_batch``, so ``schedule + forward + update`` tile it. With asynchronous batching
 (CUDA graphs) the update of a turn is that of the previous batch; a turn is still one step.
 Counted per model: the gauges (running, waiting, the KV cache) are read at the end of each preparation
-(the loop also prepares every 0.1 s while idle) and written only when they change.
+(the loop also prepares every 0.1 s while idle) and written only when they change. The memory gauges
+(allocated, reserved, peak) are read as ``generate()`` reads them: at the end of one step in
+``memory_every`` and when the loop ends, on the devices of the model.
 
 Latencies on a GPU (``docs/serving.md``, "Latencies and their clocks"): a step's device span is that
 of its forward (CUDA events on the processor's compute stream), and it is the device inter-token
@@ -87,6 +89,10 @@ class Loop(RequestTracking):
         self.prefills = 0  # requests with prompt tokens in the open step
         self.prefix_sharing = False  # transformers shares prompt prefixes' blocks among requests
         self.page = 0  # tokens per block of the paged cache
+        self.index = 0  # the open step's index (the runtime's step count)
+        self.memory = serving.memory  # the model's memory gauges (None: not read)
+        self.memory_every = max(1, serving.memory_every)
+        self.memory_on: tuple[int, ...] = ()  # the CUDA devices they are read on (none: the process's memory)
         self.rt.requests.add_source(self)  # its running requests, for /requests
 
     # -- the batch processor ---------------------------------------------------------------------
@@ -230,6 +236,7 @@ class Loop(RequestTracking):
         self.device, self.stream = processor_placement(bp)
         self.prefix_sharing = prefix_sharing_on(self.cache)
         self.page = page_tokens(self.cache)
+        self.memory_on = self.serving.memory_devices(self.device)
         self.rt.thread_records().append((self.serving.kv_total, self.num_blocks))
 
     def release(self) -> None:
@@ -324,6 +331,8 @@ class Loop(RequestTracking):
         if self.scheduler is not None:
             self.last = None
             self.gauges(self.rt.thread_records())
+        if self.memory is not None:  # what the loop leaves allocated, and its peak
+            self.memory.read(self.rt.thread_records(), self.memory_on)
         if self.stepping:
             self.stepping = False
             self.rt.steps_done()
@@ -353,7 +362,7 @@ class Loop(RequestTracking):
         """A batch was scheduled: count the step, its tokens by phase, and its new requests."""
         serving = self.serving
         batch = self.scheduled
-        index = self.rt.steps.advance()  # profile windows and kernel sampling see continuous-batching steps too
+        index = self.index = self.rt.steps.advance()  # profile windows and kernel sampling see these steps too
         self.stepping = True
         prefill = decode = 0
         live = self.live
@@ -458,6 +467,9 @@ class Loop(RequestTracking):
             self.dev_tok = None
         else:  # on the host clock
             append((shares.apply, dur))
+        # Why one step in memory_every: a reading costs 24 us on a CPU (RSS from /proc), as in generate().
+        if self.memory is not None and self.index % self.memory_every == 0:
+            self.memory.read(records, self.memory_on)
         self.open = False
         if len(records) >= self.rt.buffer_size:
             self.rt.drain()

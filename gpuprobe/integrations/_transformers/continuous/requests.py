@@ -27,10 +27,10 @@ from time import perf_counter_ns
 from typing import Any
 
 from .... import is_enabled
-from ...._requests import RequestRecord, clean_request_id, median_and_max, now_wall
+from ...._requests import RequestRecord, clean_request_id, median_and_max, now_wall, sampled_gaps, take_parent
 from ....runtime import Runtime
 from ....timing import DeviceClock
-from ..compat import ends_with_eos, output_fields, waiting_or_running
+from ..compat import ends_with_eos, max_new_tokens, output_fields, waiting_or_running
 from ...kit import time_per_output_token_ns
 
 __all__ = ["Req", "FirstSpan", "RequestTracking", "StepShares", "perf_ns"]
@@ -115,6 +115,7 @@ def fill_shares(req: Req) -> None:
     record.interference_s = req.interference_ns / 1e9
     if req.device_ns >= 0:
         record.device_read(req.device_ns)
+    record.pending = 0
 
 
 class FirstSpan:
@@ -315,8 +316,9 @@ class RequestTracking:
         ttft = first - req.arrival if req is not None and first else (dur if first else None)
         p50, longest = median_and_max(req.gaps) if req is not None else (None, None)
         sharing = self.prefix_sharing
+        record_id = clean_request_id(rid) or ""
         record = RequestRecord(
-            request_id=clean_request_id(rid) or "", model=self.serving.model_name, duration_s=dur / 1e9,
+            request_id=record_id, model=self.serving.model_name, duration_s=dur / 1e9,
             kind="continuous_batching", batch_size=1, input_tokens=prompt_length,
             output_tokens=n_out, finish_reason=reason,
             queue_s=None if queue is None else max(0, queue) / 1e9,
@@ -328,6 +330,9 @@ class RequestTracking:
             cached_tokens=(max(0, (prompt_length or 0) - req.prefilled) if sharing and req is not None else None),
             started_at=now_wall() - dur / 1e9, ended_at=now_wall(),
             prefill_steps=tuple(req.prefill_steps) if req is not None else (),
+            max_tokens=max_new_tokens(req.state) if req is not None else None,
+            steps_sampled=sampled_gaps(req.gaps) if req is not None and self.rt.requests.wants_parents else (),
+            parent=take_parent(record_id), pending=1 if req is not None else 0,
         )
         if req is not None:
             req.record = record

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from .... import _seams
 from ....runtime import Runtime
-from ...kit import RequestSeries, StepSeries
+from ...kit import MemoryGauges, RequestSeries, StepSeries
 from ..compat import fits, manager_parts, request_statuses
 from .loop import Loop
 from .seams import MANAGER, MANAGER_HOOKS, MARK, ROUTER, SEAM_DELIVER, SEAM_DELIVER_BATCH, install_hooks, weak_method
@@ -28,9 +29,15 @@ class ServingState:
     manager is created for the model.
     """
 
-    def __init__(self, rt: Runtime, name: str, request_series: RequestSeries) -> None:
+    def __init__(self, rt: Runtime, name: str, request_series: RequestSeries, *, memory: MemoryGauges | None = None,
+                 memory_every: int = 8, memory_devices: Callable[[int | None], tuple[int, ...]] | None = None) -> None:
         self.rt = rt
         self.model_name = name
+        # The model's memory gauges (None: instrument(memory=False)), read on one step in memory_every and at
+        # the loop's end, on the devices memory_devices names for the processor's device (none: a CPU).
+        self.memory = memory
+        self.memory_every = memory_every
+        self.memory_devices = memory_devices or (lambda device: () if device is None else (device,))
         self.finished_status, self.failed_status = request_statuses()
         fam = rt.family
         # Records are (bound apply of a series, value), as in the generate() integration: prepared here.

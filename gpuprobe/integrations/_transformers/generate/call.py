@@ -19,13 +19,13 @@ class Call:
 
     __slots__ = (
         "t0", "records", "nv", "clock", "device", "devices", "step", "step_t0", "step_open", "seen_check",
-        "prefilled", "in_fwd", "fwd_t0", "fwd_ns", "counted_ns", "criteria_ns", "streamer_ns", "streamed",
+        "prefilled", "in_fwd", "fwd_t0", "fwd_ns", "counted_ns", "criteria_ns", "streamer_ns", "streamed", "chunked",
         "dev_tok", "depth", "first_step", "extra_tokens", "rows", "stop_check", "synced", "spec",
         "prompt_len", "batch", "cache", "layers_on", "layer_stack", "layers_ran", "compiled", "live", "util",
         "marks", "audit",
         "call_tok", "deferred", "tok_t", "ttft_ns", "held_record",  # latencies of the tokens (see token_on_host)
         "args", "kwargs", "inputs", "prev", "undo", "boundary", "layer_next",
-        "gaps", "tally", "spans", "syncs", "request_id", "limit", "other_stops",  # its record (ModelState.end_call)
+        "gaps", "tally", "spans", "syncs", "request_id", "limit", "other_stops", "sampling", "parent",  # its record
     )
 
     def __init__(self, t0: int, records: deque[Any], nv: Any, clock: Any) -> None:
@@ -48,7 +48,8 @@ class Call:
         self.counted_ns = 0
         self.criteria_ns = -1
         self.streamer_ns = 0
-        self.streamed = False
+        self.streamed = False  # the streamer was given a chunk in the running step
+        self.chunked = False  # ... in any step: its time to first chunk is recorded
         self.dev_tok: Any = None
         self.depth = 0  # NVTX ranges this call opened outside try/finally blocks (step, forward)
         self.first_step = 0  # the index of the running decoding loop's first step (a model's generate() may run several)
@@ -87,3 +88,5 @@ class Call:
         self.request_id: str | None = None  # the id the caller's context gave (a server's x-request-id), if any
         self.limit: int | None = None  # new tokens at most (its finish reason: the limit reached is "length")
         self.other_stops = False  # stop strings or the caller's own stopping criteria may end it ("stop")
+        self.sampling: tuple[Any, Any, Any] = (None, None, None)  # temperature, top_p, top_k when it samples
+        self.parent: Any = None  # the caller's span context, while traces are on

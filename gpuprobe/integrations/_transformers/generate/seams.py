@@ -45,7 +45,15 @@ from time import perf_counter_ns
 from typing import Any
 
 from .... import _seams
-from ..compat import check_version, loop_rows, model_output_cache, peer_finished, read_loop, stop_limits
+from ..compat import (
+    check_version,
+    loop_rows,
+    model_output_cache,
+    peer_finished,
+    read_loop,
+    sampling_params,
+    stop_limits,
+)
 
 __all__ = ["STATE_KEY", "METHOD_SEAMS", "MethodSeam", "GROUP_CALL", "GROUP_STEPS", "SEAM_PROCESSOR", "SEAM_CRITERION",
            "SEAM_STREAMER", "SEAM_PICKLED_STATE", "fit_method_seams"]
@@ -123,6 +131,7 @@ def _prefill_before(state: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
             config = reader.get(args, kwargs, "generation_config")
             ctx.rows = loop_rows(ctx.batch, config)
             ctx.limit, ctx.other_stops = stop_limits(config, ctx.prompt_len, ctx.kwargs)
+            ctx.sampling = sampling_params(config)
     if ctx.step >= 0:  # another decoding loop in this call (a model's own generate() may run several)
         ctx.first_step = ctx.step + 1
     state.place_call(state.model(), ctx, ids)

@@ -17,8 +17,17 @@ import weakref
 from time import perf_counter_ns
 from typing import Any
 
-from .... import _seams, is_enabled, memory
-from ...._requests import RequestRecord, current_request_id, median_and_max, new_request_id, now_wall
+from .... import _seams, is_enabled
+from ...._requests import (
+    RequestRecord,
+    current_parent,
+    current_request_id,
+    median_and_max,
+    new_request_id,
+    now_wall,
+    sampled_gaps,
+    take_parent,
+)
 from ....runtime import Runtime
 from ..compat import (
     cache_bytes,
@@ -31,7 +40,7 @@ from ..compat import (
     steps_undone,
 )
 from ..continuous import ServingState
-from ...kit import DecodeSpan, DeviceTally, StepSeries, time_per_output_token_ns
+from ...kit import DecodeSpan, DeviceTally, MemoryGauges, StepSeries, time_per_output_token_ns
 from ..series import RequestSeries
 from . import steps as _steps
 from .call import Call
@@ -99,7 +108,7 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         self.active = fam("gpuprobe.generate.active").child(**ml).apply
         self.kv_mem = fam("gpuprobe.kv_cache.memory").child(**ml).apply
         self.kv_seq = fam("gpuprobe.kv_cache.sequence_length").child(**ml).apply
-        self._mem: dict[str, tuple[Any, Any, Any]] = {}
+        self.memory_gauges = MemoryGauges(rt)  # shared with the model's continuous batching
         self.prepare_layers(layers, ml, layer_index)
         self.generate_message = f"generate {name}"
         self.utilization = Utilization(model, rt, name)  # measured once (MBU, MFU)
@@ -127,18 +136,10 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
     def observe_manager(self, manager: Any) -> None:
         """Continuous batching: observe the manager ``init_continuous_batching`` returned (once)."""
         if self.serving is None:
-            self.serving = ServingState(self.rt, self.model_name, self.request_series)
+            self.serving = ServingState(self.rt, self.model_name, self.request_series,
+                                        memory=self.memory_gauges if self.memory else None,
+                                        memory_every=self.memory_every, memory_devices=self.memory_devices)
         self.serving.observe(manager)
-
-    def memory_children(self, device: str) -> tuple[Any, Any, Any]:
-        found = self._mem.get(device)
-        if found is None:
-            fam = self.rt.family
-            found = (fam("gpuprobe.memory.allocated").child(device=device).apply,
-                     fam("gpuprobe.memory.reserved").child(device=device).apply,
-                     fam("gpuprobe.memory.peak").child(device=device).apply)
-            self._mem[device] = found
-        return found
 
     def devices_for(self, model: Any, device: int) -> tuple[int, ...]:
         """Every CUDA device the model uses, given the device of its inputs (cached per input device).
@@ -152,26 +153,19 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
             found = self._devices[device] = tuple(sorted(used))
         return found
 
+    def memory_devices(self, device: int | None) -> tuple[int, ...]:
+        """The CUDA devices whose memory work on ``device`` reads: those of the model (:meth:`devices_for`);
+        none on a CPU (the process's memory is read)."""
+        model = self.model()
+        if device is None:
+            return ()
+        return self.devices_for(model, device) if model is not None else (device,)
+
     def read_gauges(self, ctx: Call) -> None:
         """Memory and KV-cache gauges (no device sync: allocator counters, shapes and nbytes)."""
         records = ctx.records
-        if self.memory:
-            rt = self.rt
-            # The devices the call's model uses; a call on the CPU reads the process's memory.
-            reader = rt.backends.read_memory if ctx.devices else memory.process_reading
-            for device in ctx.devices or (None,):
-                try:
-                    reading = reader(device)
-                except Exception as exc:
-                    rt.warn_once("memory", f"gpuprobe: memory reading failed: {exc!r}")
-                    break
-                if reading is None:
-                    continue
-                a, r, p = self.memory_children(reading.device)
-                records.append((a, reading.allocated))
-                if reading.reserved is not None:
-                    records.append((r, reading.reserved))
-                records.append((p, reading.peak))
+        if self.memory:  # the devices the call's model uses; a call on the CPU reads the process's memory
+            self.memory_gauges.read(records, ctx.devices)
         if self.kv_cache and ctx.cache is not None:
             records.append((self.kv_mem, cache_bytes(ctx.cache)))
             if ctx.prompt_len is not None:
@@ -201,6 +195,8 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
             ctx.spans = (DecodeSpan(self.step_dev[0], self.itl_dev, 0, tally),
                          DecodeSpan(self.step_dev[1], self.itl_dev, 1, tally))
         ctx.request_id = current_request_id()
+        if rt.requests.wants_parents:  # traces are on: the caller's span, that the request's span joins
+            ctx.parent = current_parent()
         ctx.audit = rt.settings.sync_audit
         tls = self.tls
         ctx.prev = getattr(tls, "ctx", None)
@@ -329,8 +325,10 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
             reason = "stop" if ctx.other_stops else "eos"
         p50, longest = median_and_max(ctx.gaps)
         end = now_wall()
+        temperature, top_p, top_k = ctx.sampling
+        rid = ctx.request_id or new_request_id()
         record = RequestRecord(
-            request_id=ctx.request_id or new_request_id(), model=self.model_name, duration_s=dur / 1e9,
+            request_id=rid, model=self.model_name, duration_s=dur / 1e9,
             kind="generate", batch_size=sequences or (ctx.rows[1] if ctx.rows is not None else None),
             input_tokens=n_in, output_tokens=n_out, finish_reason=reason,
             error=type(err).__qualname__ if err is not None else None,
@@ -338,10 +336,15 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
             decode_s=max(0, ctx.tok_t - ctx.t0 - ttft) / 1e9 if ttft >= 0 else None,
             tpot_s=None if tpot is None else tpot / 1e9, itl_p50_s=p50, itl_max_s=longest,
             host_syncs=ctx.syncs if ctx.syncs >= 0 else None, started_at=end - dur / 1e9, ended_at=end,
+            max_tokens=ctx.limit, temperature=temperature, top_p=top_p, top_k=top_k,
+            steps_sampled=sampled_gaps(ctx.gaps) if self.rt.requests.wants_parents else (),
+            parent=ctx.parent or take_parent(ctx.request_id),
         )
         tally = ctx.tally
         if tally is not None:
             ctx.tally = ctx.spans = None
+            if tally.expected:
+                record.pending = 1
             tally.deliver(record.device_read)
         return record
 

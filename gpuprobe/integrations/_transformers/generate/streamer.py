@@ -1,4 +1,10 @@
-"""The caller's streamer timed inside a step: its ``put`` patched for one call (the ``streamer`` component)."""
+"""The caller's streamer timed inside a step: its ``put`` patched for one call (the ``streamer`` component).
+
+The first ``put`` inside a step (the prompt's comes before the first step) is the call's first chunk of
+output: from the call's start to that ``put`` is the GenAI convention's time to first chunk
+(``gen_ai.client.operation.time_to_first_chunk``; ``gen_ai.client.inference.time_to_first_chunk`` with the
+newest conventions, see :mod:`gpuprobe._semconv`), one sample per streaming call.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +45,9 @@ def time_streamer(streamer: Any, ctx: Call, state: Any) -> Callable[[], Any] | N
         t0, mark = token
         ctx.streamer_ns += perf_counter_ns() - t0
         ctx.streamed = True
+        if not ctx.chunked:  # its first chunk of output: the GenAI convention's time to first chunk
+            ctx.chunked = True
+            ctx.records.append((state.request_series.first_chunk, t0 - ctx.t0))
         if mark is not None:
             ctx.marks.end(mark)  # type: ignore[union-attr]
         if ctx.nv is not None:

@@ -1,0 +1,474 @@
+"""Traces: one OpenTelemetry span per request, in the GenAI semantic conventions, made from the request's
+record after it ended (never a span opened per token), with its queue, prefill and decode as child
+spans, a few of its steps as events, and the caller's trace joined.
+
+Where spans go (the ``traces`` setting, docs/tracing.md):
+
+- to your ``TracerProvider`` when you set one (``gpuprobe.configure(tracer_provider=...)``, or the global one
+  ``opentelemetry.trace.set_tracer_provider`` or ``opentelemetry-instrument`` sets);
+- else over OTLP/HTTP (protobuf) to the endpoint the standard variables name,
+  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces`` (with
+  ``traces=on``, ``http://localhost:4318/v1/traces`` when neither is set), sampled as
+  ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` say.
+
+How, so that the program pays little and is never stopped:
+
+- When a request ends, its thread only gives the record ids (the caller's trace id, or a new one, and a
+  span id) and appends it to a bounded queue (4,096 records: past it, records are dropped and counted
+  in ``gpuprobe.telemetry.dropped{reason="span_queue_full"}``). The ids are known at once, so a server's
+  response can name the trace (``traceresponse``) and a histogram bucket the request (exemplars).
+- A thread of the exporter's own (``gpuprobe-traces``) turns records into spans once their last figures
+  are in (a continuous-batching request's share of the steps, a GPU's device time: at most 2 s later),
+  and sends them in batches of 512: to an SDK ``TracerProvider``'s own span processors as finished spans
+  that keep gpuprobe's ids (its sampler decides, its resource applies); to any other provider through its
+  tracer; or OTLP with a deadline of ``otlp_timeout`` for each batch (failures counted as
+  ``span_export_failed`` and warned once).
+- At exit (or ``configure()``), what is queued is sent within one deadline; nothing raises into the program.
+
+No prompt or completion text and no token ids are ever on a span.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .._lifecycle import Owner
+from .._requests import RequestRecord
+from .._version import __version__
+from ..errors import ConfigError, missing
+from ..runtime import Runtime, runtime
+
+try:
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.trace import sampling as otel_sampling
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+except ImportError as exc:  # pragma: no cover - the otel extra
+    raise missing("opentelemetry-sdk", "otel") from exc
+
+__all__ = ["TraceExporter", "span_plan", "PlannedSpan", "traces_endpoint", "OPERATION", "PROVIDER"]
+
+OPERATION = "text_completion"  # gen_ai.operation.name of generation from token ids (as the metrics say)
+PROVIDER = "transformers"
+_QUEUE = 4096  # records waiting for their spans at most
+_BATCH = 512  # spans a batch at most
+_INTERVAL = 1.0  # seconds between two rounds of the exporter's thread
+_SETTLE_S = 2.0  # a record whose last figures are not in after this is sent without them
+_EVENTS = 16  # step events on a decode span at most (sampled_gaps' bound)
+_SCOPE = InstrumentationScope("gpuprobe", __version__)
+
+
+def traces_endpoint(default: bool) -> str | None:
+    """The OTLP/HTTP traces URL the standard variables name (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` as it is,
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``), else OTLP's default when ``default``; None for none.
+    ``OTEL_TRACES_EXPORTER=none`` and ``OTEL_SDK_DISABLED=true`` name none."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    exporters = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporters == "none":
+        return None
+    url = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if url:
+        return url
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    if base:
+        return base.rstrip("/") + "/v1/traces"
+    return "http://localhost:4318/v1/traces" if default else None
+
+
+def _sampler_from_environment(warn: Callable[[str, str], None]) -> Any:
+    """The sampler ``OTEL_TRACES_SAMPLER`` / ``_ARG`` name (parentbased_always_on by default); a value that
+    cannot be used is warned and defaulted."""
+    name = os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower() or "parentbased_always_on"
+    arg = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    rate = 1.0
+    if name.endswith("traceidratio"):
+        try:
+            rate = float(arg) if arg else 1.0
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError
+        except ValueError:
+            warn("traces:sampler-arg", f"gpuprobe: OTEL_TRACES_SAMPLER_ARG={arg!r} is not a ratio from 0 to 1; "
+                                       "using 1.0 instead")
+            rate = 1.0
+    samplers: dict[str, Any] = {
+        "always_on": otel_sampling.ALWAYS_ON, "always_off": otel_sampling.ALWAYS_OFF,
+        "traceidratio": otel_sampling.TraceIdRatioBased(rate),
+        "parentbased_always_on": otel_sampling.ParentBased(otel_sampling.ALWAYS_ON),
+        "parentbased_always_off": otel_sampling.ParentBased(otel_sampling.ALWAYS_OFF),
+        "parentbased_traceidratio": otel_sampling.ParentBasedTraceIdRatio(rate),
+    }
+    found = samplers.get(name)
+    if found is None:
+        warn("traces:sampler", f"gpuprobe: OTEL_TRACES_SAMPLER={name!r} is not one gpuprobe knows "
+                               f"({', '.join(samplers)}); using parentbased_always_on instead")
+        found = samplers["parentbased_always_on"]
+    return found
+
+
+# -- what a request's spans are ------------------------------------------------------------------------
+
+class PlannedSpan:
+    """One span of a request, as plain data: what either way of sending it (finished spans, a tracer) needs."""
+
+    __slots__ = ("name", "span_id", "parent_id", "start_ns", "end_ns", "attributes", "events", "error")
+
+    def __init__(self, name: str, span_id: int, parent_id: int | None, start_ns: int, end_ns: int,
+                 attributes: dict[str, Any], events: list[tuple[str, int, dict[str, Any]]] | None = None,
+                 error: str | None = None) -> None:
+        self.name = name
+        self.span_id = span_id
+        self.parent_id = parent_id  # None: the request span itself (its parent is the caller's, if any)
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.attributes = attributes
+        self.events = events or []
+        self.error = error
+
+
+_OPTIONAL = (  # record field -> span attribute, set where the record has the figure
+    ("max_tokens", "gen_ai.request.max_tokens"), ("temperature", "gen_ai.request.temperature"),
+    ("top_p", "gen_ai.request.top_p"), ("top_k", "gen_ai.request.top_k"),
+    ("queue_s", "gen_ai.latency.time_in_queue"), ("ttft_s", "gen_ai.latency.time_to_first_token"),
+    ("prefill_s", "gen_ai.latency.time_in_model_prefill"), ("decode_s", "gen_ai.latency.time_in_model_decode"),
+    ("batch_size", "gpuprobe.batch_size"), ("tpot_s", "gpuprobe.tpot_s"), ("itl_p50_s", "gpuprobe.itl_p50_s"),
+    ("itl_max_s", "gpuprobe.itl_max_s"), ("host_syncs", "gpuprobe.host_syncs"), ("device_s", "gpuprobe.device_s"),
+    ("step_time_s", "gpuprobe.step_time_s"), ("kv_block_seconds", "gpuprobe.kv_block_seconds"),
+    ("cached_tokens", "gpuprobe.cached_tokens"), ("preemptions", "gpuprobe.preemptions"),
+    ("interference_s", "gpuprobe.interference_s"), ("capture", "gpuprobe.capture"),
+)
+
+
+def span_plan(record: RequestRecord, new_id: Callable[[], int]) -> list[PlannedSpan]:
+    """The spans of one request: its own (``{operation} {model}``, the GenAI attributes, the latencies under
+    vLLM's and SGLang's ``gen_ai.latency.*`` keys, gpuprobe's figures under ``gpuprobe.``), then its queue,
+    prefill and decode with their real start and end times; a few of its token gaps as events of decode.
+
+    Times come from the record: its start (``started_at``), then queue, prefill and decode in turn (ttft =
+    queue + prefill), decode from the first token to the last.
+    """
+    start = int(record.started_at * 1e9)
+    end = max(start, int(record.ended_at * 1e9))
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": OPERATION, "gen_ai.provider.name": PROVIDER, "gen_ai.request.model": record.model,
+        "gen_ai.latency.e2e": record.duration_s, "gpuprobe.request_id": record.request_id,
+        "gpuprobe.request.kind": record.kind,
+    }
+    if record.input_tokens is not None:
+        attributes["gen_ai.usage.input_tokens"] = record.input_tokens
+    if record.output_tokens is not None:
+        attributes["gen_ai.usage.output_tokens"] = record.output_tokens * (record.batch_size or 1)
+    if record.finish_reason is not None:
+        attributes["gen_ai.response.finish_reasons"] = [record.finish_reason]
+    for field, key in _OPTIONAL:
+        value = getattr(record, field)
+        if value is not None:
+            attributes[key] = value
+    if record.error is not None:
+        attributes["error.type"] = record.error
+    own = int(record.span_id, 16) if record.span_id else new_id()
+    spans = [PlannedSpan(f"{OPERATION} {record.model}", own, None, start, end, attributes, error=record.error)]
+    at = start
+    if record.queue_s is not None:
+        queued = min(end, at + int(record.queue_s * 1e9))
+        spans.append(PlannedSpan("queue", new_id(), own, at, queued, {"gen_ai.latency.time_in_queue": record.queue_s}))
+        at = queued
+    if record.prefill_s is not None:
+        prefilled = min(end, at + int(record.prefill_s * 1e9))
+        spans.append(PlannedSpan("prefill", new_id(), own, at, prefilled,
+                                 {"gen_ai.latency.time_in_model_prefill": record.prefill_s}))
+        at = prefilled
+    if record.decode_s is not None and record.ttft_s is not None:
+        first = min(end, start + int(record.ttft_s * 1e9))
+        last = min(end, first + int(record.decode_s * 1e9))
+        # An event at the moment each sampled token reached the host: token k + 1 came gap k after token k.
+        events = [("gpuprobe.step", min(last, first + int(at * 1e9)),
+                   {"gpuprobe.step.token": index + 1, "gpuprobe.step.phase": "decode", "gpuprobe.step.host_s": gap})
+                  for index, gap, at in record.steps_sampled[:_EVENTS]]
+        spans.append(PlannedSpan("decode", new_id(), own, first, last,
+                                 {"gen_ai.latency.time_in_model_decode": record.decode_s}, events))
+    return spans
+
+
+# -- the exporter ----------------------------------------------------------------------------------------
+
+def _sdk_processor(provider: Any) -> Any:
+    """An SDK ``TracerProvider``'s span processor (what its own spans end into), else None.
+
+    The SDK keeps it as ``_active_span_processor`` (every release from 1.0 to 1.45): read once per exporter,
+    here only; a provider without it gets its spans through its tracer instead (the tracer's own ids).
+    """
+    processor = getattr(provider, "_active_span_processor", None)
+    return processor if callable(getattr(processor, "on_end", None)) else None
+
+
+class TraceExporter:
+    """Spans of every request that ends, to ``provider`` or over OTLP (see the module docstring).
+
+    Args:
+        provider: a ``TracerProvider`` (None: OTLP to ``endpoint``).
+        endpoint: the OTLP/HTTP traces URL (when no provider).
+        timeout: seconds one OTLP batch may take, all of it (the ``otlp_timeout`` setting).
+        resource_attributes: added to the resource of OTLP spans (``service.name`` defaults to ``gpuprobe``).
+
+    Raises:
+        ConfigError: neither a provider nor a valid http(s) endpoint.
+    """
+
+    def __init__(self, provider: Any = None, *, endpoint: str | None = None, timeout: float = 2.0,
+                 resource_attributes: dict[str, str] | None = None) -> None:
+        if provider is None and not endpoint:
+            raise ConfigError("traces need a TracerProvider or an OTLP endpoint")
+        self.provider = provider
+        self.endpoint = endpoint
+        self.timeout = float(timeout)
+        self._queue: deque[RequestRecord] = deque()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one batch at a time
+        self._thread: threading.Thread | None = None
+        self._rt: Runtime | None = None
+        self._random = random.Random(int.from_bytes(os.urandom(16), "little"))
+        self._post: Any = None
+        self._encode: Any = None
+        self._processor: Any = None
+        self._tracer: Any = None
+        self._sampler: Any = None
+        self._resource: Any = None
+        self._closed = False
+        self._pid = os.getpid()
+        self.exported = 0
+        self.dropped = 0
+        if provider is None:
+            from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+            from .otlp import _Endpoint
+
+            self._encode = encode_spans
+            self._post = _Endpoint(endpoint, None, signal="TRACES")  # type: ignore[arg-type]
+            attrs = {"service.name": "gpuprobe", "telemetry.sdk.name": "gpuprobe"}
+            attrs.update(resource_attributes or {})
+            self._resource = Resource.create(attrs)  # once: the SDK's detectors run in a thread pool
+        else:
+            self._processor = _sdk_processor(provider)
+            if self._processor is not None:
+                self._sampler = getattr(provider, "sampler", None)
+                self._resource = getattr(provider, "resource", None) or Resource.create({})
+            else:
+                self._tracer = provider.get_tracer("gpuprobe", __version__)
+
+    def attach(self, rt: Runtime | None = None, *, owner: Owner = "settings") -> TraceExporter:
+        """Make spans of ``rt``'s requests from now on (the process's runtime by default)."""
+        rt = self._rt = rt or runtime()
+        if self._post is not None:
+            for problem in self._post.problems:
+                rt.warn_once(f"traces:{problem}", problem, where="<environment>")
+            self._sampler = _sampler_from_environment(lambda key, message: rt.warn_once(key, message,
+                                                                                          where="<environment>"))
+        rt.requests.want_parents(True)
+        rt.requests.add_listener(self.ended)
+        if self.provider is not None:
+            # Registered after the provider was made, so it runs before the provider's own exit handler shuts
+            # its processors down (atexit runs last-in first-out): what is queued reaches them.
+            atexit.register(self.flush)
+        self._thread = threading.Thread(target=self._run, name="gpuprobe-traces", daemon=True)
+        self._thread.start()
+        rt.add_closeable(self, owner=owner)
+        return self
+
+    # -- on the request's thread ----------------------------------------------------------------------
+    def ended(self, record: RequestRecord) -> None:
+        """A request ended: its ids, then the queue (a few dict and deque operations; never raises)."""
+        if self._closed or os.getpid() != self._pid:
+            return
+        parent = record.parent
+        rand = self._random.getrandbits
+        trace_id = parent.trace_id if parent is not None else rand(128)
+        span_id = rand(64)
+        record.trace_id = f"{trace_id:032x}"
+        record.span_id = f"{span_id:016x}"
+        queue = self._queue
+        if len(queue) >= _QUEUE:
+            self.dropped += 1
+            if self._rt is not None:
+                self._rt.drop("span_queue_full")
+            return
+        queue.append(record)
+        if len(queue) >= _BATCH:
+            self._wake.set()
+
+    # -- on the exporter's thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(_INTERVAL)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            self._send(final=False)
+
+    def _ready(self, final: bool) -> list[RequestRecord]:
+        """The records whose spans can be made now (their last figures in, or waited for long enough)."""
+        queue = self._queue
+        now = time.time()
+        out: list[RequestRecord] = []
+        while queue and len(out) < _BATCH:
+            record = queue[0]
+            if not final and record.pending and now - record.ended_at < _SETTLE_S:
+                break  # in end order: the ones after it wait too (their shares come in the same drain)
+            out.append(queue.popleft())
+        return out
+
+    def _send(self, final: bool) -> None:
+        with self._lock:
+            while True:
+                records = self._ready(final)
+                if not records:
+                    return
+                try:
+                    self._deliver(records, final)
+                except Exception as exc:  # never into the program; counted, warned once
+                    self._failed(len(records), repr(exc))
+                if len(records) < _BATCH:
+                    return
+
+    def _ids(self) -> int:
+        return self._random.getrandbits(64)
+
+    def _deliver(self, records: list[RequestRecord], final: bool) -> None:
+        if self._tracer is not None:  # a provider that is not the SDK's: through its own tracer
+            for record in records:
+                self._through_tracer(record)
+            self.exported += len(records)
+            return
+        spans = []
+        for record in records:
+            plan = span_plan(record, self._ids)
+            spans.extend(self._finished_spans(record, plan))
+        if not spans:
+            return
+        if self._processor is not None:
+            for span in spans:
+                self._processor.on_end(span)
+            self.exported += len(records)
+            return
+        body = self._encode(spans).SerializeToString()
+        why = self._post_batch(body)
+        if why is None:
+            self.exported += len(records)
+        else:
+            self._failed(len(records), why)
+
+    def _finished_spans(self, record: RequestRecord, plan: list[PlannedSpan]) -> list[Any]:
+        parent = record.parent
+        trace_id = int(record.trace_id, 16) if record.trace_id else self._random.getrandbits(128)
+        own = plan[0]
+        sampler = self._sampler
+        if sampler is not None:
+            parent_ctx = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent)) if parent else None
+            decision = sampler.should_sample(parent_ctx, trace_id, own.name, SpanKind.INTERNAL, own.attributes)
+            if not decision.decision.is_sampled():
+                return []
+        flags = TraceFlags(TraceFlags.SAMPLED)
+        state = parent.trace_state if parent is not None else None
+        contexts = {p.span_id: SpanContext(trace_id, p.span_id, False, flags, state) for p in plan}
+        spans = []
+        for p in plan:
+            parent_context = contexts[p.parent_id] if p.parent_id is not None else parent
+            status = Status(StatusCode.ERROR, p.error) if p.error else Status(StatusCode.UNSET)
+            spans.append(ReadableSpan(
+                p.name, context=contexts[p.span_id], parent=parent_context, resource=self._resource,
+                attributes=p.attributes, events=[Event(n, a, t) for n, t, a in p.events], kind=SpanKind.INTERNAL,
+                status=status, start_time=p.start_ns, end_time=p.end_ns, instrumentation_scope=_SCOPE))
+        return spans
+
+    def _through_tracer(self, record: RequestRecord) -> None:
+        plan = span_plan(record, self._ids)
+        parent = record.parent
+        context = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent)) if parent is not None else None
+        own = plan[0]
+        span = self._tracer.start_span(own.name, context=context, kind=SpanKind.INTERNAL, attributes=own.attributes,
+                                       start_time=own.start_ns)
+        inside = otel_trace.set_span_in_context(span)
+        for p in plan[1:]:
+            child = self._tracer.start_span(p.name, context=inside, attributes=p.attributes, start_time=p.start_ns)
+            for name, at, attrs in p.events:
+                child.add_event(name, attrs, at)
+            child.end(end_time=p.end_ns)
+        if own.error:
+            span.set_status(Status(StatusCode.ERROR, own.error))
+        span.end(end_time=own.end_ns)
+        made = span.get_span_context()
+        if made.is_valid:  # the tracer's own ids: what the trace backend holds
+            record.trace_id, record.span_id = f"{made.trace_id:032x}", f"{made.span_id:016x}"
+
+    def _post_batch(self, body: bytes) -> str | None:
+        from .otlp import _RETRYABLE, _retry_after
+
+        post = self._post
+        deadline = time.monotonic() + self.timeout
+        if post.compress is not None:
+            body = post.compress(body)
+        attempt = 0
+        while True:
+            try:
+                status, retry_after = post.post(body, deadline)
+            except TimeoutError:
+                return f"no complete answer within {self.timeout:g} s (otlp_timeout)"
+            except OSError as exc:
+                return repr(exc)
+            except Exception as exc:  # http.client's own errors
+                return repr(exc)
+            if 200 <= status < 300:
+                return None
+            if status not in _RETRYABLE:
+                return f"HTTP {status}"
+            delay = _retry_after(retry_after)
+            delay = 0.1 * 2 ** attempt if delay is None else delay
+            if time.monotonic() + delay >= deadline:
+                return f"HTTP {status}, and no time left to try again within {self.timeout:g} s"
+            time.sleep(delay)
+            attempt += 1
+
+    def _failed(self, n: int, why: str) -> None:
+        self.dropped += n
+        rt = self._rt or runtime()
+        rt.drop("span_export_failed", n)
+        rt.warn_once("traces:export", f"gpuprobe: spans of {n} request(s) could not be sent to "
+                                      f"{self.endpoint or 'the TracerProvider'}: {why}; they are dropped and counted in "
+                                      "gpuprobe.telemetry.dropped (this warning is shown once)")
+
+    # -- the end --------------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Send every queued record now (within one deadline per batch)."""
+        self._send(final=True)
+
+    def close(self) -> None:
+        """Stop taking records, send what is queued, stop the thread (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        rt = self._rt
+        if rt is not None:
+            rt.requests.remove_listener(self.ended)
+            rt.requests.want_parents(False)
+        if self.provider is not None:
+            atexit.unregister(self.flush)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(self.timeout + 1)
+        if os.getpid() == self._pid:
+            self._send(final=True)
+
+    def __repr__(self) -> str:
+        where = self.endpoint if self.provider is None else type(self.provider).__name__
+        return f"<gpuprobe traces to {where}: {self.exported} requests sent, {self.dropped} dropped>"
