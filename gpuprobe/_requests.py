@@ -87,6 +87,8 @@ class RequestRecord:
         steps_sampled: a few of its token gaps as ``(token index, seconds, seconds since its first token)``:
             the first four, then every k-th, at most 16 (a trace's step events).
         trace_id, span_id: its span, when traces are on (hex; the caller's trace when it joined one).
+        step_links: continuous batching, traces on: ``(trace id, span id)`` of the step spans that carried
+            its prompt (at most 16).
         capture: an on-demand capture that recorded some of its steps (its trace file), if any.
     """
 
@@ -124,6 +126,7 @@ class RequestRecord:
     trace_id: str | None = None
     span_id: str | None = None
     capture: str | None = None
+    step_links: tuple[tuple[str, str], ...] = ()
     #: The span context of the caller's span (OpenTelemetry), that its own span is a child of; not exported.
     parent: Any = dataclasses.field(default=None, repr=False, compare=False)
     #: Figures still to come (a GPU's device time, continuous batching's shares): 0 once all are in.
@@ -350,6 +353,7 @@ class RequestLog:
     def __init__(self, kept: int) -> None:
         self._finished: deque[RequestRecord] = deque(maxlen=kept)
         self._listeners: tuple[Callable[[RequestRecord], None], ...] = ()
+        self._step_listeners: tuple[Callable[[Any], None], ...] = ()
         self._sources: list[weakref.ref[Any]] = []
         self._lock = threading.Lock()
         self.ended = 0  # records added so far (the table says how many it no longer shows)
@@ -402,6 +406,23 @@ class RequestLog:
         with self._lock:
             self._parent_wanted = max(0, self._parent_wanted + (1 if on else -1))
             self.wants_parents = self._parent_wanted > 0
+
+    def add_step_listener(self, listener: Callable[[Any], None]) -> None:
+        """Call ``listener(step)`` for each scheduler step made a span (traces on); on the draining thread."""
+        with self._lock:
+            self._step_listeners = (*self._step_listeners, listener)
+
+    def remove_step_listener(self, listener: Callable[[Any], None]) -> None:
+        with self._lock:
+            self._step_listeners = tuple(f for f in self._step_listeners if f != listener)
+
+    def step_ended(self, step: Any) -> None:
+        """A scheduler step that is a span of its own was split (never raises)."""
+        for listener in self._step_listeners:
+            try:
+                listener(step)
+            except Exception:  # pragma: no cover - listeners guard themselves
+                pass
 
     def add_source(self, source: Any) -> None:
         """``source.in_flight()`` lists requests still running (held weakly: a source that is gone is dropped)."""

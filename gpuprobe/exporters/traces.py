@@ -65,6 +65,9 @@ _INTERVAL = 1.0  # seconds between two rounds of the exporter's thread
 _SETTLE_S = 2.0  # a record whose last figures are not in after this is sent without them
 _EVENTS = 16  # step events on a decode span at most (sampled_gaps' bound)
 _SCOPE = InstrumentationScope("gpuprobe", __version__)
+_STEPS = 1024  # continuous-batching step spans waiting for their requests at most
+_STEP_WAIT_S = 30.0  # a step whose requests have not all ended after this is sent with the links it has
+_LINKS = 64  # links of a step span at most
 
 
 def traces_endpoint(default: bool) -> str | None:
@@ -120,11 +123,11 @@ def _sampler_from_environment(warn: Callable[[str, str], None]) -> Any:
 class PlannedSpan:
     """One span of a request, as plain data: what either way of sending it (finished spans, a tracer) needs."""
 
-    __slots__ = ("name", "span_id", "parent_id", "start_ns", "end_ns", "attributes", "events", "error")
+    __slots__ = ("name", "span_id", "parent_id", "start_ns", "end_ns", "attributes", "events", "error", "links")
 
     def __init__(self, name: str, span_id: int, parent_id: int | None, start_ns: int, end_ns: int,
                  attributes: dict[str, Any], events: list[tuple[str, int, dict[str, Any]]] | None = None,
-                 error: str | None = None) -> None:
+                 error: str | None = None, links: list[tuple[str, str]] | None = None) -> None:
         self.name = name
         self.span_id = span_id
         self.parent_id = parent_id  # None: the request span itself (its parent is the caller's, if any)
@@ -133,6 +136,7 @@ class PlannedSpan:
         self.attributes = attributes
         self.events = events or []
         self.error = error
+        self.links = links or []  # (trace id, span id) in hex: spans in other traces this one is linked to
 
 
 _OPTIONAL = (  # record field -> span attribute, set where the record has the figure
@@ -176,7 +180,8 @@ def span_plan(record: RequestRecord, new_id: Callable[[], int]) -> list[PlannedS
     if record.error is not None:
         attributes["error.type"] = record.error
     own = int(record.span_id, 16) if record.span_id else new_id()
-    spans = [PlannedSpan(f"{OPERATION} {record.model}", own, None, start, end, attributes, error=record.error)]
+    spans = [PlannedSpan(f"{OPERATION} {record.model}", own, None, start, end, attributes, error=record.error,
+                         links=list(record.step_links))]
     at = start
     if record.queue_s is not None:
         queued = min(end, at + int(record.queue_s * 1e9))
@@ -197,6 +202,25 @@ def span_plan(record: RequestRecord, new_id: Callable[[], int]) -> list[PlannedS
         spans.append(PlannedSpan("decode", new_id(), own, first, last,
                                  {"gen_ai.latency.time_in_model_decode": record.decode_s}, events))
     return spans
+
+
+def _links(pairs: list[tuple[str, str]]) -> list[Any]:
+    """OpenTelemetry links to spans named by their (trace id, span id) in hex."""
+    flags = TraceFlags(TraceFlags.SAMPLED)
+    return [Link(SpanContext(int(t, 16), int(s, 16), False, flags)) for t, s in pairs]
+
+
+def step_plan(step: Any, links: list[tuple[str, str]]) -> PlannedSpan:
+    """A continuous-batching scheduler step's span (``scheduler step``), linked to the requests it carried."""
+    attributes: dict[str, Any] = {
+        "gpuprobe.step.index": step.index, "gpuprobe.step.phase": step.phase, "gpuprobe.step.requests": len(step.requests),
+        "gpuprobe.step.tokens": step.tokens, "gpuprobe.step.prefill_tokens": step.prefill_tokens,
+        "gpuprobe.step.host_s": step.host_ns / 1e9,
+    }
+    if step.device_ns is not None:
+        attributes["gpuprobe.step.device_s"] = step.device_ns / 1e9
+    return PlannedSpan("scheduler step", int(step.span_id, 16), None, step.start_ns, step.start_ns + step.host_ns,
+                       attributes, links=links[:_LINKS])
 
 
 # -- the exporter ----------------------------------------------------------------------------------------
@@ -232,6 +256,7 @@ class TraceExporter:
         self.endpoint = endpoint
         self.timeout = float(timeout)
         self._queue: deque[RequestRecord] = deque()
+        self._steps: deque[Any] = deque()  # continuous-batching step spans waiting for their requests' ids
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one batch at a time
@@ -276,6 +301,8 @@ class TraceExporter:
                                                                                           where="<environment>"))
         rt.requests.want_parents(True)
         rt.requests.add_listener(self.ended)
+        if self._tracer is None:  # step spans need gpuprobe's own ids (their requests link to them)
+            rt.requests.add_step_listener(self.step_ended)
         if self.provider is not None:
             # Registered after the provider was made, so it runs before the provider's own exit handler shuts
             # its processors down (atexit runs last-in first-out): what is queued reaches them.
@@ -306,6 +333,17 @@ class TraceExporter:
         if len(queue) >= _BATCH:
             self._wake.set()
 
+    def step_ended(self, step: Any) -> None:
+        """A continuous-batching step that is a span of its own (on the draining thread; never raises)."""
+        if self._closed or os.getpid() != self._pid:
+            return
+        if len(self._steps) >= _STEPS:
+            self.dropped += 1
+            if self._rt is not None:
+                self._rt.drop("span_queue_full")
+            return
+        self._steps.append((time.time(), step))
+
     # -- on the exporter's thread ------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -329,6 +367,7 @@ class TraceExporter:
 
     def _send(self, final: bool) -> None:
         with self._lock:
+            self._send_steps(final)
             while True:
                 records = self._ready(final)
                 if not records:
@@ -339,6 +378,40 @@ class TraceExporter:
                     self._failed(len(records), repr(exc))
                 if len(records) < _BATCH:
                     return
+
+    def _send_steps(self, final: bool) -> None:
+        """The step spans whose requests have all ended (or that waited long enough), as finished spans."""
+        steps = self._steps
+        now = time.time()
+        plans: list[tuple[Any, PlannedSpan]] = []
+        kept: list[tuple[float, Any]] = []
+        while steps:
+            at, step = steps.popleft()
+            links, done = step.links()
+            if done or final or now - at >= _STEP_WAIT_S:
+                plans.append((step, step_plan(step, links)))
+                step.requests = []  # let the requests go
+            else:
+                kept.append((at, step))
+        steps.extend(kept)
+        if not plans:
+            return
+        spans = []
+        for step, plan in plans:
+            context = SpanContext(int(step.trace_id, 16), plan.span_id, False, TraceFlags(TraceFlags.SAMPLED))
+            spans.append(ReadableSpan(plan.name, context=context, parent=None, resource=self._resource,
+                                      attributes=plan.attributes, links=_links(plan.links), kind=SpanKind.INTERNAL,
+                                      start_time=plan.start_ns, end_time=plan.end_ns, instrumentation_scope=_SCOPE))
+        try:
+            if self._processor is not None:
+                for span in spans:
+                    self._processor.on_end(span)
+            else:
+                why = self._post_batch(self._encode(spans).SerializeToString())
+                if why is not None:
+                    self._failed(len(spans), why)
+        except Exception as exc:
+            self._failed(len(spans), repr(exc))
 
     def _ids(self) -> int:
         return self._random.getrandbits(64)
@@ -387,10 +460,11 @@ class TraceExporter:
             spans.append(ReadableSpan(
                 p.name, context=contexts[p.span_id], parent=parent_context, resource=self._resource,
                 attributes=p.attributes, events=[Event(n, a, t) for n, t, a in p.events], kind=SpanKind.INTERNAL,
+                links=_links(p.links),
                 status=status, start_time=p.start_ns, end_time=p.end_ns, instrumentation_scope=_SCOPE))
         return spans
 
-    def _through_tracer(self, record: RequestRecord) -> None:
+    def _through_tracer(self, record: RequestRecord) -> None:  # no step spans or links: the tracer picks the ids
         plan = span_plan(record, self._ids)
         parent = record.parent
         context = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent)) if parent is not None else None
@@ -459,6 +533,7 @@ class TraceExporter:
         rt = self._rt
         if rt is not None:
             rt.requests.remove_listener(self.ended)
+            rt.requests.remove_step_listener(self.step_ended)
             rt.requests.want_parents(False)
         if self.provider is not None:
             atexit.unregister(self.flush)

@@ -47,7 +47,7 @@ from ..compat import (
     used_blocks,
     waiting_arrivals,
 )
-from .requests import FirstSpan, Req, RequestTracking, StepShares, perf_ns
+from .requests import STEP_SPANS_EVERY, FirstSpan, Req, RequestTracking, StepShares, perf_ns
 from .seams import PROCESSOR, PROCESSOR_HOOKS, SCHEDULER, SEAM_CANCEL, SEAM_OFFLOAD, SEAM_PREPARE, install_hooks
 
 __all__ = ["Loop"]
@@ -458,6 +458,9 @@ class Loop(RequestTracking):
         tok = self.dev_tok
         shares = StepShares(self.rows, self.prefills)
         self.rows = []
+        log = self.rt.requests
+        if log.wants_parents and (self.prefills or self.index % STEP_SPANS_EVERY == 0):  # traces are on
+            shares.traced(log, self.index, self.step_t0, dur, phase)
         if tok is not None:
             # The forward's device span is the device inter-token latency of each next token it selects, and
             # the time its requests share.

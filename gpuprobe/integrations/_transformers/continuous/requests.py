@@ -22,6 +22,9 @@ drains (on a GPU: once the GPU has reached the step's events); the record's fiel
 
 from __future__ import annotations
 
+import os
+import random
+import time
 from collections import deque
 from time import perf_counter_ns
 from typing import Any
@@ -33,7 +36,7 @@ from ....timing import DeviceClock
 from ..compat import ends_with_eos, max_new_tokens, output_fields, waiting_or_running
 from ...kit import time_per_output_token_ns
 
-__all__ = ["Req", "FirstSpan", "RequestTracking", "StepShares", "perf_ns"]
+__all__ = ["Req", "FirstSpan", "RequestTracking", "StepShares", "StepSpan", "STEP_SPANS_EVERY", "perf_ns"]
 
 
 class Req:
@@ -41,7 +44,7 @@ class Req:
 
     __slots__ = ("state", "arrival", "first", "span", "tok_t", "tokens", "selecting", "ended", "scheduled", "gaps",
                  "steps", "resolved", "share_ns", "kv_ns", "interference_ns", "preemptions", "prefilled",
-                 "prefill_steps", "blocks", "record", "device_ns")
+                 "prefill_steps", "blocks", "record", "device_ns", "step_links")
 
     def __init__(self, state: Any, arrival: int) -> None:
         self.state = state  # the RequestState first scheduled (its end-of-sequence ids)
@@ -65,6 +68,7 @@ class Req:
         self.blocks = 0  # KV-cache blocks it held at its latest step
         self.record: RequestRecord | None = None  # once it ended, its record (the shares fill it in)
         self.device_ns = -1  # on a GPU, the device time of the steps that carried it (-1: none read)
+        self.step_links: list[tuple[str, str]] = []  # traces on: (trace id, span id) of the step spans of its prompt
 
 
 class StepShares:
@@ -78,21 +82,35 @@ class StepShares:
 
     Why a target and not the split on the loop thread: the loop pays one object a step, the drain the
     per-request arithmetic.
+
+    While traces are on, a step that carried a prompt (and one other step in :data:`STEP_SPANS_EVERY`)
+    is also a span of its own (:meth:`traced`): its ids are given when it is split, each request it
+    prefilled keeps a link to it, and the runtime's requests hand it to the trace exporter, which links it
+    to the requests it carried once they have ended.
     """
 
-    __slots__ = ("rows", "tokens", "prefills", "target")
+    __slots__ = ("rows", "prefills", "target", "trace")
 
     def __init__(self, rows: list[tuple[Req, int, int, int]], prefills: int, target: Any = None) -> None:
         self.rows = rows
-        self.tokens = sum(row[1] for row in rows) or 1
         self.prefills = prefills  # requests with prompt tokens in the step
         self.target = target
+        self.trace: tuple[Any, int, int, int, int] | None = None  # (requests log, index, start ns, host ns, phase)
+
+    def traced(self, log: Any, index: int, start_ns: int, host_ns: int, phase: int) -> None:
+        """Make the step a span too (``start_ns``: ``perf_counter_ns`` of its start)."""
+        self.trace = (log, index, start_ns, host_ns, phase)
 
     def apply(self, ns: int) -> None:
         device = self.target is not None
         if device:
             self.target.apply(ns)
-        tokens, prefills = self.tokens, self.prefills
+        prefills = self.prefills
+        tokens = 0
+        for row in self.rows:
+            tokens += row[1]
+        tokens = tokens or 1
+        link = self._step_span(ns if device else None, tokens) if self.trace is not None else None
         for req, q, pre, blocks in self.rows:
             if device:
                 req.device_ns = ns if req.device_ns < 0 else req.device_ns + ns
@@ -100,9 +118,62 @@ class StepShares:
             req.kv_ns += blocks * ns
             if prefills > (1 if pre else 0):
                 req.interference_ns += ns
+            if link is not None and pre and len(req.step_links) < 16:
+                req.step_links.append(link)
             req.resolved += 1
             if req.record is not None and req.resolved >= req.steps:
                 fill_shares(req)
+
+    def _step_span(self, device_ns: int | None, tokens: int) -> tuple[str, str]:
+        """The step as a span: its ids, and its figures to the trace exporter (via the runtime's requests)."""
+        log, index, start_ns, host_ns, phase = self.trace  # type: ignore[misc]
+        rand = _random.getrandbits
+        step = StepSpan(trace_id=f"{rand(128):032x}", span_id=f"{rand(64):016x}", index=index,
+                        start_ns=start_ns + (time.time_ns() - perf_counter_ns()), host_ns=host_ns,
+                        device_ns=device_ns, phase=("prefill", "decode", "mixed")[phase], tokens=tokens,
+                        prefill_tokens=sum(row[2] for row in self.rows), requests=[row[0] for row in self.rows])
+        log.step_ended(step)
+        return step.trace_id, step.span_id
+
+
+STEP_SPANS_EVERY = 16
+"""While traces are on, a continuous-batching step is a span of its own when it carried a prompt, and one
+in this many of the others."""
+
+_random = random.Random(int.from_bytes(os.urandom(16), "little"))
+
+
+class StepSpan:
+    """A scheduler step as the trace exporter reads it: its ids, times, figures and the requests it carried
+    (their records give the links, once they have ended)."""
+
+    __slots__ = ("trace_id", "span_id", "index", "start_ns", "host_ns", "device_ns", "phase", "tokens",
+                 "prefill_tokens", "requests")
+
+    def __init__(self, *, trace_id: str, span_id: str, index: int, start_ns: int, host_ns: int,
+                 device_ns: int | None, phase: str, tokens: int, prefill_tokens: int, requests: list[Req]) -> None:
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.index = index
+        self.start_ns = start_ns  # wall clock (time.time_ns())
+        self.host_ns = host_ns
+        self.device_ns = device_ns
+        self.phase = phase
+        self.tokens = tokens
+        self.prefill_tokens = prefill_tokens
+        self.requests = requests
+
+    def links(self) -> tuple[list[tuple[str, str]], bool]:
+        """The (trace id, span id) of the requests it carried that have ended with ids, and whether all have."""
+        found = []
+        done = True
+        for req in self.requests:
+            record = req.record
+            if record is None or record.span_id is None:
+                done = done and record is not None  # a request that ended without a span never will have one
+                continue
+            found.append((record.trace_id, record.span_id))
+        return found, done
 
 
 def fill_shares(req: Req) -> None:
@@ -113,6 +184,8 @@ def fill_shares(req: Req) -> None:
     record.step_time_s = req.share_ns / 1e9
     record.kv_block_seconds = req.kv_ns / 1e9
     record.interference_s = req.interference_ns / 1e9
+    if req.step_links:
+        record.step_links = tuple(req.step_links)
     if req.device_ns >= 0:
         record.device_read(req.device_ns)
     record.pending = 0
