@@ -144,15 +144,25 @@ class _StepStart(NamedTuple):
 
 
 class _OpenRange(NamedTuple):
-    """A range on the stack of enclosing ranges while ranges are walked in (thread, start) order."""
+    """A range on the stack of enclosing ranges while ranges are walked in (thread, start) order.
+
+    ``step`` is the step it lies in (its position in the walk's list of step starts; -1 outside steps),
+    ``is_step`` whether it is that step's own range.
+    """
 
     end: int
     path: str
-    in_step: bool
+    step: int
+    is_step: bool
 
 
 class RangeTotals:
-    """Totals of one range path over its occurrences (GPU figures sum 0 when no GPU operation is known)."""
+    """Totals of one range path over its occurrences (GPU figures sum 0 when no GPU operation is known).
+
+    ``step_cpu_ns`` is the path's CPU time in each step that holds it (by step index, as
+    :attr:`Context.steps` numbers them); ``in_step_range`` says the path lies directly inside a step's own
+    range (a step's component: ``gpuprobe.step#N/forward``).
+    """
 
     __slots__ = (
         "path",
@@ -166,9 +176,11 @@ class RangeTotals:
         "gpu_span_ns",
         "launches",
         "gpu_ops",
+        "step_cpu_ns",
+        "in_step_range",
     )
 
-    def __init__(self, path: str, name: str, depth: int, first_start: int) -> None:
+    def __init__(self, path: str, name: str, depth: int, first_start: int, in_step_range: bool = False) -> None:
         self.path = path
         self.name = name
         self.depth = depth
@@ -180,6 +192,8 @@ class RangeTotals:
         self.gpu_span_ns = 0
         self.launches = 0
         self.gpu_ops = 0
+        self.step_cpu_ns: dict[int, int] = {}
+        self.in_step_range = in_step_range
 
 
 class StepWindows:
@@ -363,18 +377,23 @@ class Context:
                 stack.pop()
             parent = stack[-1] if stack else None
             path = f"{parent.path}/{display[nid]}" if parent else display[nid]
-            in_step = parent.in_step if parent else False
-            if is_step_name[nid] and not in_step:
+            step = parent.step if parent else -1
+            is_step = is_step_name[nid] and step < 0
+            if is_step:
+                step = len(step_starts)
                 step_starts.append(_StepStart(start=start, thread=thread, dur=end - start, name_id=nid))
-                in_step = True
-            stack.append(_OpenRange(end=end, path=path, in_step=in_step))
+            # why: positional arguments, not keywords: 0.09 s less per million ranges (timeit: 0.65 s against 0.74 s)
+            stack.append(_OpenRange(end, path, step, is_step))
             op_lo, op_hi = ops_index.window(op_bounds, start, end)
             launch_lo, launch_hi = launch_index.window(launch_bounds, start, end)
             totals = paths.get(path)
             if totals is None:
-                totals = paths[path] = RangeTotals(path, display[nid], len(stack) - 1, start)
+                totals = paths[path] = RangeTotals(path, display[nid], len(stack) - 1, start,
+                                                   in_step_range=parent is not None and parent.is_step)
             totals.count += 1
             totals.cpu_ns += end - start
+            if step >= 0:
+                totals.step_cpu_ns[step] = totals.step_cpu_ns.get(step, 0) + end - start
             if op_hi > op_lo:
                 wins = [(op_lo, op_hi)]
                 busy, span = cols.busy_span(wins)
@@ -383,7 +402,15 @@ class Context:
                 totals.gpu_span_ns += span
                 totals.gpu_ops += op_hi - op_lo
             totals.launches += launch_hi - launch_lo
-        return RangeWalk(paths=paths, steps=sorted(step_starts))
+        # the steps were numbered as the walk met them (thread by thread); they are indexed by start
+        by_start = sorted(range(len(step_starts)), key=step_starts.__getitem__)
+        index_of = [0] * len(by_start)
+        for index, found in enumerate(by_start):
+            index_of[found] = index
+        for totals in paths.values():
+            if totals.step_cpu_ns:
+                totals.step_cpu_ns = {index_of[k]: v for k, v in totals.step_cpu_ns.items()}
+        return RangeWalk(paths=paths, steps=[step_starts[k] for k in by_start])
 
 
 class RankPart(Protocol):

@@ -13,9 +13,9 @@ from gpuprobe.report._analysis import analyze
 from gpuprobe.report._columns import spread_of
 from gpuprobe.report._context import DiffRow, diff_row, known_sum, spread_width
 from gpuprobe.report._findings import order, parse_thresholds
-from gpuprobe.report._tables import Column, Table, Unit
-from gpuprobe.report.schema import Finding, Report
-from gpuprobe.report.sections import BY_NAME, REGISTRY
+from gpuprobe.report._tables import Column, Table, Unit, format_ns
+from gpuprobe.report.schema import Finding, RangesSection, RangeStat, Report
+from gpuprobe.report.sections import BY_NAME, GPU_ONLY, REGISTRY
 from gpuprobe.report.sections.findings import findings_table
 
 __all__ = ["DiffRow", "DiffReport", "VerdictRow", "diff", "NORMALIZE", "VERDICTS"]
@@ -78,10 +78,14 @@ class DiffReport:
         lines = [f"warning: {w}" for w in self.warnings] + [
             f"A: {self.a_path} ({self.a_units:g} {count}s)",
             f"B: {self.b_path} ({self.b_units:g} {count}s)",
-            f"values are {unit_word}; delta = B - A; ratio = B / A; median and p10-p90 are across steps",
+            f"values are {unit_word}; delta = B - A; ratio = B / A; median and p10-p90 are across steps "
+            "(- where a section keeps no per-step values)",
         ]
-        tables.append(Table("summary", "Diff", [], [], lines))
         compared = [f.name for f in dataclasses.fields(self) if f.name in BY_NAME and BY_NAME[f.name].diff]
+        if not _gpu_activity(self.overview):  # neither trace has any: their GPU sections would be "(none)" each
+            compared = [name for name in compared if name not in GPU_ONLY]
+            lines.append("no GPU activity in A or B: the GPU sections are left out")
+        tables.append(Table("summary", "Diff", [], [], lines))
         for name, title in [("overview", "Overview")] + [(name, BY_NAME[name].diff_title) for name in compared]:
             tables.append(Table(name, title, _DIFF_COLUMNS, getattr(self, name)))
         return tables
@@ -99,6 +103,14 @@ _DIFF_COLUMNS = [
     Column("delta", "delta", _BY), Column("ratio", "ratio", Unit.RATIO), Column("A median", "a_median", _BY),
     Column("A p10-p90", "a_spread", _BY), Column("B median", "b_median", _BY), Column("B p10-p90", "b_spread", _BY),
 ]
+
+
+def _gpu_activity(overview: list[DiffRow]) -> bool:
+    """Whether A or B holds GPU activity: GPU operations (a known GPU busy time) or launches."""
+    return any(
+        (r.key == "GPU busy" and (r.a is not None or r.b is not None)) or (r.key == "launches" and (r.a or r.b))
+        for r in overview
+    )
 
 
 def _by_delta(rows: list[DiffRow], top: int) -> list[DiffRow]:
@@ -163,7 +175,8 @@ def diff(
         The :class:`DiffReport`; its ``findings`` open with the verdict (better, worse, mixed or
         unchanged per step), then a fusion (new kernel families that removed ones pay for), the
         like-for-like regressions beyond the spread of their own steps, new work no fusion explains,
-        and the findings of B that A does not have.
+        the findings of B that A does not have, and the ranges inside the steps that only A or only B
+        runs (a logits processor removed or added), with their time per unit.
 
     Raises:
         ReportInputError: A trace cannot be read.
@@ -212,6 +225,7 @@ def diff(
     fusion, explained = _fusion(families, ranges, kinds, unit, limits)
     findings = _regressions(overview, categories, families, ub, limits, explained) + _new_findings(ra, rb)
     findings += [f for f in (fusion, _new_work(families, explained, ub, limits)) if f is not None]
+    findings += _range_changes(ra.ranges, rb.ranges, (ua, ub), overview, unit, limits)
     return DiffReport(
         a_path=ra.summary.path,
         b_path=rb.summary.path,
@@ -220,7 +234,7 @@ def diff(
         b_units=ub,
         warnings=warnings,
         overview=overview,
-        findings=[_verdict_finding(overall, verdict_rows, limits, normalize)] + order(findings),
+        findings=[_verdict_finding(overall, verdict_rows, limits, normalize, findings)] + order(findings),
         verdict=overall,
         verdict_rows=verdict_rows,
         # the largest changes first, where the section says so: after the findings read them all
@@ -331,7 +345,10 @@ def _figure_text(r: VerdictRow, unit: str = "per step") -> str:
     return f"{r.figure.replace(' ' + unit, '')} {fmt(r.a)} → {fmt(r.b)}{pct}"
 
 
-def _verdict_finding(overall: str, rows: list[VerdictRow], t: dict[str, float], normalize: str = "step") -> Finding:
+def _verdict_finding(
+    overall: str, rows: list[VerdictRow], t: dict[str, float], normalize: str = "step", below: Sequence[Finding] = ()
+) -> Finding:
+    """The verdict as the diff's first finding; ``below``: the findings that follow it."""
     unit = _UNIT_WORDS[normalize]
     words = {
         "better": "B is better",
@@ -359,7 +376,11 @@ def _verdict_finding(overall: str, rows: list[VerdictRow], t: dict[str, float], 
             "figures": [dataclasses.asdict(r) for r in rows],
         },
         remedy={
-            "better": "Nothing to undo; the findings below say what remains.",
+            "better": "Nothing to undo; the findings below say what remains."
+            if any(not f.asks_nothing for f in below)
+            else "Nothing to undo; the findings below say what changed."
+            if below
+            else "Nothing to undo.",
             "worse": "Read the regressions below and the kernel families and ranges that changed.",
             "mixed": "Weigh the figures: the step time (CPU time per step, step wall time) is what a user waits for.",
         }.get(overall, "Nothing to do."),
@@ -494,6 +515,84 @@ def _new_work(families: list[DiffRow], explained: set[str], ub: float, t: dict[s
         evidence={"at_stake_ns": int(total * ub), "families": [{"family": r.key, "b_ns": r.b} for r in new[:10]]},
         remedy="Find what launches them (the ranges section of B's report): a new code path, a changed "
         "library choice, or work moved from the host.",
+    )
+
+
+_RANGE_CHANGES_SHOWN = 5  # removed (and added) ranges made findings, the largest first; the Ranges table lists all
+
+
+def _range_changes(
+    a: RangesSection | None,
+    b: RangesSection | None,
+    units: tuple[float, float],
+    overview: list[DiffRow],
+    unit: str,
+    t: dict[str, float],
+) -> list[Finding]:
+    """A range one trace runs and the other does not, inside a range both run (a logits processor removed
+    from the steps, or added): one finding each, with its CPU time (and GPU busy time) per unit.
+
+    Ranges of ``regression.min_ns`` or more per unit, at most :data:`_RANGE_CHANGES_SHOWN` each way. A range
+    nested in one that changed too is its part, not a finding of its own; a range absent from a trace whose
+    ranges table was cut counts as absent only when it is longer than every range that table kept.
+    """
+    steps = next((r for r in overview if r.key == "CPU time in steps"), None)
+    found: list[Finding] = []
+    for change, here, there, per in (("removed", a, b, units[0]), ("added", b, a, units[1])):
+        if here is None or there is None:
+            continue
+        mine = {r.path: r for r in here.rows}
+        theirs = {r.path: r for r in there.rows}
+        cut = there.distinct > len(there.rows)
+        floor = min((r.cpu_ns for r in there.rows), default=0) / (units[1] if change == "removed" else units[0])
+        changed = []
+        for path, row in mine.items():
+            parent = path.rpartition("/")[0]
+            if path in theirs or not parent or parent not in theirs:
+                continue
+            ns = row.cpu_ns / per
+            if ns < t["regression.min_ns"] or (cut and ns <= floor):
+                continue
+            changed.append((ns, row))
+        changed.sort(key=lambda item: (-item[0], item[1].path))
+        for ns, row in changed[:_RANGE_CHANGES_SHOWN]:
+            found.append(_range_change(change, row, ns, per, units, steps, unit))
+    return found
+
+
+def _range_change(
+    change: str, row: RangeStat, ns: float, per: float, units: tuple[float, float], steps: DiffRow | None, unit: str
+) -> Finding:
+    """The finding of one range that only A (``removed``) or only B (``added``) runs."""
+    sign = "-" if change == "removed" else "+"
+    gpu = row.gpu_busy_ns / per if row.gpu_busy_ns is not None else None
+    gpu_text = f" and {sign}{format_ns(gpu)} of GPU busy time" if gpu else ""
+    steps_text = (
+        f"; the steps' CPU time went {format_ns(steps.a)} → {format_ns(steps.b)} {unit}"
+        if steps is not None and steps.a is not None and steps.b is not None
+        else ""
+    )
+    removed = change == "removed"
+    return Finding(
+        id=f"{change}_range",
+        severity="info" if removed else "warning",
+        title=f"{row.name} {change} (in {'A' if removed else 'B'} only): {sign}{format_ns(ns)} of CPU time {unit}"
+        f"{gpu_text}{steps_text}",
+        evidence={
+            "at_stake_ns": 0 if removed else int(ns * units[1]),
+            "path": row.path,
+            "cpu_ns": ns,
+            "gpu_busy_ns": gpu,
+            "calls": row.count,
+            "steps_cpu_a_ns": steps.a if steps is not None else None,
+            "steps_cpu_b_ns": steps.b if steps is not None else None,
+        },
+        remedy="Nothing to undo: B runs without it (the verdict says whether the steps got faster beyond their "
+        "spread)."
+        if removed
+        else "B runs it and A does not: keep it if B needs it; gpuprobe report B lists its operators and syncs, "
+        "the Ranges table below shows its time.",
+        asks_nothing=removed,
     )
 
 

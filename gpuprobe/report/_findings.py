@@ -163,7 +163,8 @@ def _finding(
     """A finding; one that asks something (not info) ends its remedy with the ``gpuprobe try`` variant that
     measures it, unless ``measured`` is false (the remedy is not what that variant changes)."""
     if severity != "info" and measured:
-        remedy = " ".join(filter(None, [remedy, remedy_line(id)]))
+        # a remedy of items (one a line) gets the command as one more item; a paragraph, as its last sentence
+        remedy = ("\n" if "\n" in remedy else " ").join(filter(None, [remedy, remedy_line(id)]))
     return Finding(id=id, severity=severity, title=title, evidence={"at_stake_ns": int(at_stake_ns), **evidence},
                    remedy=remedy, asks_nothing=asks_nothing)
 
@@ -192,19 +193,23 @@ def _offenders(
 
 # ------------------------------------------------------------------------------------- rules
 
-_SYNC_REMEDY = (
-    "Keep values on the device inside the step: avoid .item(), bool(tensor), int(tensor), .tolist(), "
-    ".cpu(), nonzero(), masked_select(), unique() and boolean-mask indexing; use torch.where or fixed-shape "
-    "masks; check stopping conditions every few steps; copy to the host with non_blocking=True into pinned "
-    "memory. gpuprobe's live sync audit (GPUPROBE_SYNC_AUDIT) names the component and source line."
-)
-_STOP_CHECK_REMEDY = (
-    "Nothing to do for generate's stopping check: once per step, in its own loop between the step's "
-    "components, generate() reads whether every sequence has finished (transformers' StopCheck: "
-    "bool(unfinished_sequences.max() == 0)). The host waits there for the step's GPU work, which the next step "
-    "needs anyway; the GPU then idles while the host prepares the next step's first launches, which CUDA graphs "
-    "and a lighter loop shorten. transformers defers the read by one step (DeferredStopCheck) on MPS only."
-)
+# The host_sync remedies are items, one a line (the text report lists them): each says one thing.
+_SYNC_REMEDY = "\n".join((
+    "Keep values on the device inside the step: avoid .item(), bool(tensor), int(tensor), .tolist(), .cpu(), "
+    "nonzero(), masked_select(), unique() and boolean-mask indexing.",
+    "Use torch.where or fixed-shape masks.",
+    "Check stopping conditions every few steps.",
+    "Copy to the host with non_blocking=True into pinned memory.",
+    "gpuprobe's live sync audit (GPUPROBE_SYNC_AUDIT) names the component and source line.",
+))
+_STOP_CHECK_REMEDY = "\n".join((
+    "Nothing to do for generate's stopping check: once per step, in its own loop between the step's components, "
+    "generate() reads whether every sequence has finished (transformers' StopCheck: "
+    "bool(unfinished_sequences.max() == 0)).",
+    "The host waits there for the step's GPU work, which the next step needs anyway; the GPU then idles while the "
+    "host prepares the next step's first launches, which CUDA graphs and a lighter loop shorten.",
+    "transformers defers the read by one step (DeferredStopCheck) on MPS only.",
+))
 
 
 def _criteria(roles: dict[tuple[str, str], str]) -> list[str]:
@@ -222,7 +227,7 @@ def _sync_remedy(roles: dict[tuple[str, str], str], stop_checks: int) -> str:
         )
     if stop_checks:
         parts.append(_STOP_CHECK_REMEDY)
-    return " ".join(parts)
+    return "\n".join(parts)
 
 
 def _stop_check_finding(calls: int, per_step: float | None, blocked_ns: int, would: bool) -> Finding:

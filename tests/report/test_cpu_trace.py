@@ -165,7 +165,7 @@ def test_a_finding_that_asks_something_names_the_try_variant(traces: dict[str, P
     f = {f.id: f for f in analyze(traces["plain"]).findings}["host_sync"]
     assert f.severity == "warning"
     option = REMEDY_VARIANTS["host_sync"].option
-    assert f.remedy.endswith(f". Measure it: gpuprobe try myfile.py:make --variants {option} (make() in myfile.py "
+    assert f.remedy.endswith(f".\nMeasure it: gpuprobe try myfile.py:make --variants {option} (make() in myfile.py "
                              "returns (model, generate_kwargs), your logits processors in them)")
     info = [f for f in analyze(traces["ours"]).findings if f.severity == "info"]
     assert info and not [f for f in info if "gpuprobe try" in f.remedy]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
 from typing import Any
 
 from gpuprobe.report._context import MergeContext, Section, group_by
@@ -27,8 +28,9 @@ class Finding:
         title: One line for people.
         evidence: Numbers and where they come from; ``at_stake_ns`` is the estimated time at
             stake, the order of findings in a report.
-        remedy: What usually fixes it; a finding that a ``gpuprobe try`` variant measures ends with
-            that command (:func:`gpuprobe.experiment.remedies.remedy_line`).
+        remedy: What usually fixes it, one paragraph or several items one a line (the text report lists
+            them); a finding that a ``gpuprobe try`` variant measures ends with that command
+            (:func:`gpuprobe.experiment.remedies.remedy_line`).
         asks_nothing: The finding asks nothing of the user (an expected pattern, "nothing to do"): it
             informs, and ``--fail-on`` never counts it. In JSON the key is present only when true.
     """
@@ -49,6 +51,11 @@ class Finding:
 
 
 def _scalar_evidence(evidence: dict[str, Any], prefix: str = "") -> str:
+    """The evidence's scalars as ``key=value``, one level of objects down (``by_api.cudaStreamSynchronize=8``).
+
+    A time (a key ending in ``_ns``) is shown in human units under its name without ``_ns``
+    (``at_stake=1.074 ms`` for ``at_stake_ns``): the name says what the value is in.
+    """
     parts = []
     for key, value in evidence.items():
         if isinstance(value, dict) and not prefix:  # one level down: by_api.cudaStreamSynchronize=8
@@ -59,14 +66,31 @@ def _scalar_evidence(evidence: dict[str, Any], prefix: str = "") -> str:
         if isinstance(value, (dict, list)) or value is None:
             continue
         key = prefix + key
-        if isinstance(value, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key.endswith("_ns"):
+            key, text = key.removesuffix("_ns"), format_ns(value)
+        elif isinstance(value, float):
             text = f"{value:.3g}"
-        elif isinstance(value, int) and key.endswith("_ns"):
-            text = format_ns(value)
         else:
             text = str(value)
         parts.append(f"{key}={text}")
     return ", ".join(parts)
+
+
+_REMEDY_WIDTH = 100  # characters of a remedy line in the text report, its indent included
+
+
+def _remedy_lines(remedy: str, markdown: bool) -> list[str]:
+    """A remedy of one paragraph on one line; one of several items (one a line in ``remedy``) as a list."""
+    items = [item for item in remedy.split("\n") if item]
+    if len(items) <= 1:
+        return [f"  - remedy: {remedy}" if markdown else f"   remedy: {remedy}"]
+    if markdown:
+        return ["  - remedy:"] + [f"    - {item}" for item in items]
+    lines = ["   remedy:"]
+    for item in items:
+        lines.extend(textwrap.wrap(item, _REMEDY_WIDTH, initial_indent="     - ", subsequent_indent="       ",
+                                   break_long_words=False, break_on_hyphens=False))
+    return lines
 
 
 def _offender_lines(evidence: dict[str, Any]) -> list[str]:
@@ -87,12 +111,11 @@ def findings_table(findings: list[Any], markdown: bool) -> Table:
             lines.append(f"- **{f.severity}** `{f.id}`: {f.title}")
             lines.append(f"  - evidence: {_scalar_evidence(f.evidence)}")
             lines.extend("  - " + line.strip() for line in _offender_lines(f.evidence))
-            lines.append(f"  - remedy: {f.remedy}")
         else:
             lines.append(f"{n}. [{f.severity}] {f.id}: {f.title}")
             lines.append(f"   evidence: {_scalar_evidence(f.evidence)}")
             lines.extend(_offender_lines(f.evidence))
-            lines.append(f"   remedy: {f.remedy}")
+        lines.extend(_remedy_lines(f.remedy, markdown))
     rows = [
         {
             "id": f.id,

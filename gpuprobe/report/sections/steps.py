@@ -31,7 +31,12 @@ _GPUPROBE_STEP = re.compile(r"^gpuprobe\.step#\d+$")
 
 @dataclasses.dataclass
 class StepRow:
-    """One step: a range matching the step pattern (outermost match only)."""
+    """One step: a range matching the step pattern (outermost match only).
+
+    ``categories`` is the step's GPU time by kernel category; ``ranges`` the CPU time of each range directly
+    inside the step's own range, by name (a generation step's components: ``forward``, each logits
+    processor, ``stopping_criteria``, ``streamer``); the rest of the step's CPU time is in none of them.
+    """
 
     index: int
     name: str
@@ -47,6 +52,7 @@ class StepRow:
     sync_ns: int
     memcpy_bytes: int
     categories: dict[str, int]
+    ranges: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -75,6 +81,7 @@ def compute(ctx: Context) -> StepsSection:
     sync_windows = StepWindows(cols.syncs_by_thread, step_threads)
     rows: list[StepRow] = []
     inside = _phases_inside(ctx)
+    components = _components(ctx)
     for step in steps:
         op_wins = step.op_windows
         launch_wins = launch_windows.find(step.thread, step.start, step.end)
@@ -102,6 +109,7 @@ def compute(ctx: Context) -> StepsSection:
                 sync_ns=cols.window_total(cols.cum_sync_ns, sync_wins),
                 memcpy_bytes=cols.window_total(cols.cum_memcpy_bytes, op_wins),
                 categories=cats,
+                ranges=components.get(step.index, {}),
             )
         )
     cpu = step_spread([r.cpu_ns for r in rows])
@@ -127,6 +135,19 @@ _COLUMNS = [
     Column("launches", "launches", Unit.INT), Column("launch API", "launch_api_ns", Unit.NS),
     Column("sync", "sync_ns", Unit.NS), Column("memcpy", "memcpy_bytes", Unit.BYTES),
 ]
+
+
+def _components(ctx: Context) -> dict[int, dict[str, int]]:
+    """The CPU time of each range directly inside a step's own range, by step index and range name (the
+    names in order of first appearance)."""
+    out: dict[int, dict[str, int]] = {}
+    paths = ctx.range_walk.paths.values()
+    inside = sorted((t for t in paths if t.in_step_range), key=lambda t: (t.first_start, t.path))
+    for t in inside:
+        for index, ns in t.step_cpu_ns.items():
+            by_name = out.setdefault(index, {})
+            by_name[t.name] = by_name.get(t.name, 0) + ns
+    return out
 
 
 def _phases_inside(ctx: Context) -> dict[int, str]:
@@ -195,16 +216,20 @@ def merge(mctx: MergeContext) -> StepsSection | None:
             vals = [getattr(g, field) for g in group if getattr(g, field) is not None]
             return sum(vals) if vals else None
         cats: dict[str, int] = {}
+        components: dict[str, int] = {}
         for g in group:
             for k, v in g.categories.items():
                 cats[k] = cats.get(k, 0) + v
+            for k, v in g.ranges.items():
+                components[k] = components.get(k, 0) + v
         rows.append(StepRow(index=index, name=group[0].name, phase=group[0].phase,
                             start_ns=min(g.start_ns for g in group), cpu_ns=sum(g.cpu_ns for g in group),
                             gpu_busy_ns=total("gpu_busy_ns"), gpu_span_ns=total("gpu_span_ns"),
                             kernel_ns=total("kernel_ns"),
                             kernels=sum(g.kernels for g in group), launches=sum(g.launches for g in group),
                             launch_api_ns=sum(g.launch_api_ns for g in group), sync_ns=sum(g.sync_ns for g in group),
-                            memcpy_bytes=sum(g.memcpy_bytes for g in group), categories=cats))
+                            memcpy_bytes=sum(g.memcpy_bytes for g in group), categories=cats,
+                            ranges=components))
 
     def spread(values: list[int]) -> tuple[int | None, int | None, int | None]:
         if not values:
