@@ -73,7 +73,9 @@ class OnDemand:
         self.slow: SlowSteps | None = None
         self.quiet_until = -1  # steps up to this index are distorted by a capture (slow-step trigger)
         self.written: deque[str] = deque()  # traces this process's captures wrote, oldest first (profile_keep)
-
+        # When each recent capture recorded (wall clock: started, ended or None), for the requests it covered.
+        self.times: dict[int, list[float | None]] = {}
+        rt.requests.find_capture = self.overlapping  # a request's span names the capture that recorded it
     def start(self, steps: int, reason: str, *, at: int | None = None) -> Any:
         """Capture the next ``steps`` steps; returns the :class:`~gpuprobe.profiling.ProfileWindow`.
 
@@ -146,6 +148,33 @@ class OnDemand:
                 continue
             _say(f"removed the oldest capture {old}: GPUPROBE_PROFILE_KEEP={keep} keeps the last {keep}")
 
+    def recording(self, window: Any, started: bool) -> None:
+        """A capture's window starts (or stops) recording now."""
+        import time
+
+        # No lock: start() holds it while it starts a window from a step hook, which calls this.
+        if started:
+            live = {id(w) for _, w in list(self.recent)}
+            self.times = {**{k: v for k, v in self.times.items() if k in live}, id(window): [time.time(), None]}
+        else:
+            span = self.times.get(id(window))
+            if span is not None:
+                span[1] = time.time()
+
+    def overlapping(self, start: float, end: float) -> str | None:
+        """The trace of the newest capture that recorded some of the time from ``start`` to ``end`` (wall clock)."""
+        found = None
+        times = self.times
+        for _, window in list(self.recent):
+            span = times.get(id(window))
+            if span is None:
+                continue
+            began, ended = span
+            if began <= end and (ended is None or ended >= start):
+                path = window.path if window.path is not None else window.output
+                found = None if path is None else os.path.abspath(str(path))
+        return found
+
     def captures(self) -> list[dict[str, Any]]:
         """The last captures, oldest first: reason, steps, trace path, state."""
         return [_window_info(w, reason) for reason, w in list(self.recent)]
@@ -156,6 +185,8 @@ class OnDemand:
     def close(self) -> None:
         """At reset and exit: forget the captures (their windows are closed on their own)."""
         self.recent.clear()
+        if self._rt.requests.find_capture == self.overlapping:
+            self._rt.requests.find_capture = None
         with _instances_lock:
             if _instances.get(self._rt) is self:
                 del _instances[self._rt]
@@ -203,15 +234,20 @@ class _CaptureCost:
 
     def started(self, window: Any) -> None:
         self._at_start = _step_seconds(self._rt)
+        on_demand(self._rt).recording(window, True)
 
     def finished(self, window: Any) -> None:
+        on_demand(self._rt).recording(window, False)
         if window.error is not None:
             _say(f"the capture of steps {window.first}-{window.last} failed: {window.error}")
             return
         where = window.path if window.path is not None else window.output
         _say(f"capture of steps {window.first}-{window.last} written to {where}")
         if where is not None:
-            on_demand(self._rt).wrote(os.path.abspath(str(where)))
+            path = os.path.abspath(str(where))
+            on_demand(self._rt).wrote(path)
+            if self._rt.requests.wants_parents:  # traces are on: the capture's span, with its report's top finding
+                _report_for_traces(self._rt, path, window, self._reason)
         if self._at_start is None:
             return
         (seconds_before, steps_before), (seconds_start, steps_start) = self._before, self._at_start
@@ -225,6 +261,42 @@ class _CaptureCost:
                        f"({mean_captured * 1e3:.3g} ms a step against {mean_before * 1e3:.3g} ms before): their "
                        f"times in the trace and in the metrics include the profiler's own cost")
             self._rt.warn_once(f"capture-cost:{window.first}", message)
+
+
+_REPORT = ("import json, sys; sys.path.insert(0, sys.argv.pop(1)); from gpuprobe.report import analyze; "
+           "found = analyze(sys.argv[1]).to_dict().get('findings') or []; "
+           "print(json.dumps(found[0] if found else None))")
+_REPORT_TIMEOUT = 300.0  # seconds the report on a capture may take before its span goes out without it
+
+
+def _report_for_traces(rt: Runtime, path: str, window: Any, reason: str) -> None:
+    """Read the capture's trace with ``gpuprobe report`` in a process of its own (``python -I``, so the program
+    pays nothing for it), then hand the capture and the report's top finding to the trace exporter."""
+    span = on_demand(rt).times.get(id(window)) or [None, None]
+    started, ended = span
+
+    def run() -> None:
+        import subprocess
+
+        finding = None
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        try:
+            done = subprocess.run([sys.executable, "-I", "-c", _REPORT, root, path], capture_output=True, text=True,
+                                  timeout=_REPORT_TIMEOUT, cwd=root, stdin=subprocess.DEVNULL)
+            if done.returncode == 0 and done.stdout.strip():
+                finding = json.loads(done.stdout.strip().splitlines()[-1])
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            finding = None
+        try:
+            for item in rt.lifecycle.items():  # the trace exporter (gpuprobe.exporters.traces) takes captures
+                taken = getattr(item, "capture_reported", None)
+                if callable(taken):
+                    taken(path=path, reason=reason, first=window.first, last=window.last, started=started,
+                          ended=ended, finding=finding)
+        except Exception as exc:  # never into the program
+            rt.warn_once("capture-span", f"gpuprobe: the span of the capture {path} could not be made: {exc!r}")
+
+    threading.Thread(target=run, name="gpuprobe-capture-report", daemon=True).start()
 
 
 _instances: weakref.WeakKeyDictionary[Runtime, OnDemand] = weakref.WeakKeyDictionary()

@@ -359,6 +359,9 @@ class RequestLog:
         self.ended = 0  # records added so far (the table says how many it no longer shows)
         #: Integrations note the caller's span context on each request while this is true (traces are on).
         self.wants_parents = False
+        #: ``find_capture(start, end)``: the trace of an on-demand capture that recorded some of that time (set
+        #: by the runtime's on-demand captures), else None.
+        self.find_capture: Callable[[float, float], str | None] | None = None
         self._parent_wanted = 0
 
     def resize(self, kept: int) -> None:

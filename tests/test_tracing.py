@@ -284,3 +284,56 @@ print(sorted(s.name for s in memory.get_finished_spans()))
     proc = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "['decode', 'prefill', 'text_completion late']"
+
+
+class SlowOnce(transformers.LogitsProcessor):
+    """Sleeps once, at the call's step ``at``: a slow step."""
+
+    def __init__(self, at: int, seconds: float) -> None:
+        self.at, self.seconds, self.step = at, seconds, 0
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.step == self.at:
+            time.sleep(self.seconds)
+        self.step += 1
+        return scores
+
+
+def test_a_slow_step_s_capture_is_named_on_the_request_s_span_and_has_a_span_with_its_top_finding(
+        make_model: Any, tmp_path: Path) -> None:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    reset(profile_dir=str(tmp_path), profile_slow_step="150ms", profile_slow_step_interval="10m",
+          profile_slow_step_steps=2)
+    gpuprobe.configure(tracer_provider=provider)
+    try:
+        model = instrument(make_model("llama"), model_name="slowed")
+        with gpuprobe.catch_requests() as caught:
+            model.generate(prompt(1, 6), max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0,
+                           logits_processor=transformers.LogitsProcessorList([SlowOnce(at=4, seconds=0.3)]))
+        (capture,) = gpuprobe.info()["profile"]["captures"]
+        deadline = time.monotonic() + 120
+        found: list[Any] = []
+        while not found:  # the report on the trace runs in a process of its own
+            exporter().flush()
+            found = [s for s in memory.get_finished_spans() if s.name == "gpuprobe capture"]
+            assert time.monotonic() < deadline, "no span of the capture"
+            time.sleep(0.2)
+    finally:
+        gpuprobe.configure(tracer_provider=None)
+        reset()
+    request = by_name(memory.get_finished_spans())["text_completion slowed"]
+    assert request.attributes["gpuprobe.capture"] == capture["path"] == caught.record.capture
+    (span,) = found
+    assert span.attributes["gpuprobe.capture.path"] == capture["path"]
+    assert span.attributes["gpuprobe.capture.reason"] == "slow_step"
+    assert (span.attributes["gpuprobe.capture.first_step"], span.attributes["gpuprobe.capture.last_step"]) == (
+        capture["first_step"], capture["last_step"])
+    from gpuprobe.report import analyze
+
+    top = analyze(capture["path"]).to_dict()["findings"][0]  # the same report, read here
+    assert span.attributes["gpuprobe.capture.finding.id"] == top["id"]
+    assert span.attributes["gpuprobe.capture.finding.title"] == top["title"]
+    assert [(l.context.trace_id, l.context.span_id) for l in span.links] == [
+        (request.context.trace_id, request.context.span_id)]

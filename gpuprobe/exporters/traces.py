@@ -257,6 +257,8 @@ class TraceExporter:
         self.timeout = float(timeout)
         self._queue: deque[RequestRecord] = deque()
         self._steps: deque[Any] = deque()  # continuous-batching step spans waiting for their requests' ids
+        # (trace id, span id, start, end) of the last request spans sent: what a capture's span links to.
+        self._recent: deque[tuple[str, str, float, float]] = deque(maxlen=1024)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one batch at a time
@@ -379,6 +381,38 @@ class TraceExporter:
                 if len(records) < _BATCH:
                     return
 
+    def capture_reported(self, *, path: str, reason: str, first: int, last: int, started: float | None,
+                         ended: float | None, finding: dict[str, Any] | None) -> None:
+        """An on-demand capture's trace is written and read by ``gpuprobe report``: its span (``gpuprobe
+        capture``, in a trace of its own), with the report's top finding, linked to the request spans sent in
+        the time it recorded. Called on a thread of the capture's; never raises."""
+        if self._closed or self._tracer is not None or started is None:
+            return
+        end = ended if ended is not None else time.time()
+        with self._lock:
+            links = [(t, s) for t, s, a, b in self._recent if a <= end and b >= started][:_LINKS]
+        attributes: dict[str, Any] = {"gpuprobe.capture.path": path, "gpuprobe.capture.reason": reason,
+                                      "gpuprobe.capture.first_step": first, "gpuprobe.capture.last_step": last}
+        if finding:
+            for key in ("id", "severity", "title"):
+                if isinstance(finding.get(key), str):
+                    attributes[f"gpuprobe.capture.finding.{key}"] = finding[key]
+        rand = self._random.getrandbits
+        context = SpanContext(rand(128), rand(64), False, TraceFlags(TraceFlags.SAMPLED))
+        span = ReadableSpan("gpuprobe capture", context=context, parent=None, resource=self._resource,
+                            attributes=attributes, links=_links(links), kind=SpanKind.INTERNAL,
+                            start_time=int(started * 1e9), end_time=int(end * 1e9), instrumentation_scope=_SCOPE)
+        try:
+            with self._lock:
+                if self._processor is not None:
+                    self._processor.on_end(span)
+                else:
+                    why = self._post_batch(self._encode([span]).SerializeToString())
+                    if why is not None:
+                        self._failed(1, why)
+        except Exception as exc:
+            self._failed(1, repr(exc))
+
     def _send_steps(self, final: bool) -> None:
         """The step spans whose requests have all ended (or that waited long enough), as finished spans."""
         steps = self._steps
@@ -423,11 +457,17 @@ class TraceExporter:
             self.exported += len(records)
             return
         spans = []
+        find = self._rt.requests.find_capture if self._rt is not None else None
         for record in records:
+            if find is not None and record.capture is None:
+                record.capture = find(record.started_at, record.ended_at)
             plan = span_plan(record, self._ids)
             spans.extend(self._finished_spans(record, plan))
         if not spans:
             return
+        for record in records:
+            if record.trace_id and record.span_id:
+                self._recent.append((record.trace_id, record.span_id, record.started_at, record.ended_at))
         if self._processor is not None:
             for span in spans:
                 self._processor.on_end(span)
