@@ -459,6 +459,20 @@ class SyncSites:
             pass
         return True
 
+    def only_expected(self) -> frozenset[tuple[str, str | None, str]]:
+        """The ``(component, processor, op)`` seen so far whose every sighting was expected (transformers'
+        own, see :meth:`seen`); a key the user's code ran too is not among them.
+
+        Example:
+            >>> sites = SyncSites(lambda key, message: None)
+            >>> sites.only_expected()
+            frozenset()
+        """
+        with self._lock:
+            kept = list(self._seen)
+        users = {key for key, expected in kept if not expected}
+        return frozenset(key for key, expected in kept if expected and key not in users)
+
     def clear(self) -> None:
         """Forget every site (reset)."""
         with self._lock:

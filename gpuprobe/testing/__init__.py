@@ -6,7 +6,10 @@
 - :mod:`gpuprobe.testing.simcuda` — a simulated CUDA (devices, streams, asynchronous events, graph
   capture, memory) for testing GPU code paths on a machine without a GPU;
 - :mod:`gpuprobe.testing.simnvml` — a simulated NVML (a stand-in for nvidia-ml-py's ``pynvml``: GPUs with
-  UUIDs, PCI bus ids, readings, "not supported" and failing calls) for the GPU health gauges.
+  UUIDs, PCI bus ids, readings, "not supported" and failing calls) for the GPU health gauges;
+- :mod:`gpuprobe.testing.budget` — counts of a block of generation (host syncs, launches, recompiles,
+  cache concatenations, Python calls, peak memory), checked against budgets and baseline files: what the
+  pytest plugin's ``gpuprobe_budget`` fixture runs (``docs/testing.md``).
 """
 
 from __future__ import annotations

@@ -1,75 +1,50 @@
 """The Python calls gpuprobe itself makes per decode step of an instrumented generate(), as a budget.
 
-Counted with ``sys.setprofile`` (a count, not a timing: deterministic on any machine), only the calls
-whose code is gpuprobe's (its files and the wrappers it generates), so transformers' own calls — which
-change between its releases — are not counted. A decode step of greedy decoding passes: the stop check's
-seam (its replacement and one hook, which turns the step: closing and opening it), the seam at the end of
-the forward (replacement, hook, forward end), and one stand-in per stopping criterion (max length, EOS).
-The memory and KV-cache gauges are read every 8 steps (6 calls on the CPU). ``benchmarks/step_calls.py``
+Counted by the pytest plugin's ``python_calls_per_step`` budget (``sys.setprofile``: a count, not a timing,
+deterministic on any machine), step by step, under the component ``gpuprobe``: only the calls whose code is
+gpuprobe's (its files and the wrappers it generates), so transformers' own calls — which change between its
+releases — are not in the budget. A decode step of greedy decoding passes: the stop check's seam (its
+replacement and one hook, which turns the step: closing and opening it), the seam at the end of the
+forward (replacement, hook, forward end), and one stand-in per stopping criterion (max length, EOS). The
+memory and KV-cache gauges are read every 8 steps (6 calls on the CPU). ``benchmarks/step_calls.py``
 compares the count with another revision's.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from _hfkit import prompt
 
-import gpuprobe
 from gpuprobe.integrations.transformers import instrument
 
-GPUPROBE = str(Path(gpuprobe.__file__).parent)
+TOKENS = 16
 
 
-def gpuprobe_calls(fn: Any) -> int:
-    n = 0
-
-    def profiler(frame: Any, event: str, arg: Any) -> None:
-        nonlocal n
-        if event == "call":
-            f = frame.f_code.co_filename
-            if f.startswith(GPUPROBE) or f.startswith("<gpuprobe"):
-                n += 1
-
-    sys.setprofile(profiler)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return n
-
-
-def per_decode_step(model: Any, tokens: int) -> float:
+def gpuprobe_calls_by_step(gpuprobe_budget: Any, model: Any, budget: int) -> list[int]:
+    """gpuprobe's calls in each decode step of a greedy call of :data:`TOKENS` new tokens, held to ``budget``."""
     ids = prompt()
-
-    def one(n: int) -> int:
-        gpuprobe.collect()  # an empty buffer: no drain inside the counted call
-
-        def run() -> None:
-            out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None)
-            assert out.shape[1] - ids.shape[1] == n
-
-        return gpuprobe_calls(run)
-
-    one(tokens)  # warm-up: caches filled, stand-in classes made
-    return (one(2 * tokens) - one(tokens)) / tokens
+    model.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None)  # warm-up: caches, stand-in classes
+    with gpuprobe_budget(python_calls_per_step={"gpuprobe": budget}) as block:
+        out = model.generate(ids, max_new_tokens=TOKENS, do_sample=False, eos_token_id=None)
+    assert out.shape[1] - ids.shape[1] == TOKENS
+    return [part.by.get("gpuprobe", 0) for part in block["python_calls_per_step"].parts]
 
 
 @pytest.mark.no_cuda  # on a GPU the device clock's own calls (one event record per step) come on top
-def test_a_greedy_decode_step_costs_at_most_ten_python_calls_of_gpuprobe(make_model) -> None:  # type: ignore[no-untyped-def]
+def test_a_greedy_decode_step_costs_at_most_ten_python_calls_of_gpuprobe(make_model, gpuprobe_budget) -> None:  # type: ignore[no-untyped-def]
     model = instrument(make_model("llama"), model_name="m", memory=False, kv_cache=False)
     # eos_token_id=None: the max-length criterion only (one stand-in). Per step: 2 seam replacements, the
     # stop check's hook, close_step, open_step, the forward end's hook and end_forward, 1 stand-in.
-    calls = per_decode_step(model, 16)
-    assert calls == 8
-    assert calls <= 10  # the budget (benchmarks/step_calls.py: 15.75 before boundaries were shared)
+    # The budget: 10 (benchmarks/step_calls.py: 15.75 before boundaries were shared); every decode step
+    # between the call's first (the prefill) and its last makes the same 8.
+    assert gpuprobe_calls_by_step(gpuprobe_budget, model, 10) == [8] * (TOKENS - 2)
 
 
 @pytest.mark.no_cuda
-def test_the_gauges_add_six_calls_every_eighth_step(make_model) -> None:  # type: ignore[no-untyped-def]
+def test_the_gauges_add_six_calls_every_eighth_step(make_model, gpuprobe_budget) -> None:  # type: ignore[no-untyped-def]
     model = instrument(make_model("llama"), model_name="m")
-    # read_gauges, memory_children, process_reading (RSS and peak RSS: 2 more), cache_bytes: 6, every 8 steps.
-    assert per_decode_step(model, 16) == 8 + 6 / 8
+    # read_gauges, memory_children, process_reading (RSS and peak RSS: 2 more), cache_bytes: 6, on step 8.
+    calls = gpuprobe_calls_by_step(gpuprobe_budget, model, 8 + 6)
+    assert calls == [8 + 6 if step % 8 == 0 else 8 for step in range(1, TOKENS - 1)]
