@@ -22,6 +22,11 @@ its own (the *upstream*):
   the upstream at most once per ``collect_interval`` for each format asked (the text format or
   OpenMetrics) and compressed there for a scraper that asks for gzip;
 - the live page's files are answered by the front from bytes read once;
+- ``/requests`` (the live requests table) is answered from the front's copy, fetched from the upstream at
+  most once per ``collect_interval``, like a scrape;
+- the live page's history (:class:`~._page.History`) is kept here: every ``HISTORY_EVERY_S`` seconds the
+  front adds the newest body it holds, or fetches one if it holds none that recent, so the history costs
+  the program at most one rendering per period, none while something scrapes more often;
 - every other request (on-demand captures, queries of some series) is forwarded to the upstream as it
   came, its ``Host`` included, and its answer sent back as it came, at most
   :attr:`~._http.Limits.cpu_share` of the time (:class:`_Pace`: the time the program takes to answer
@@ -51,6 +56,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import _page
 from ._http import Access, HttpServer, Limits, Rendered, is_scrape, response
 
 __all__ = ["Front", "available"]
@@ -80,6 +86,7 @@ class Front:
         interval: seconds a body is reused (the ``collect_interval`` setting).
         capture_path: the on-demand capture endpoint's path (never cached).
         access: whom the front answers (the endpoint's :class:`~._http.Access`).
+        history_every: seconds between two scrapes the live page's history keeps.
 
     Raises:
         OSError: the front could not start or did not say it serves within ``_START_TIMEOUT`` seconds
@@ -87,7 +94,7 @@ class Front:
     """
 
     def __init__(self, listener: socket.socket, upstream_port: int, limits: Limits, interval: float,
-                 capture_path: str, access: Access | None = None) -> None:
+                 capture_path: str, access: Access | None = None, history_every: float = 5.0) -> None:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         # -I: no PYTHONPATH, no user site, no current folder, so no sitecustomize of `gpuprobe run` starts
         # gpuprobe again in the front; the folder holding this gpuprobe goes first on its path instead.
@@ -96,6 +103,7 @@ class Front:
         fd = listener.fileno()
         args = [sys.executable, "-I", "-c", code, root, "--fd", str(fd), "--upstream", str(upstream_port),
                 "--interval", repr(float(interval)), "--capture-path", capture_path,
+                "--history-every", repr(float(history_every)),
                 "--limits", json.dumps(dataclasses.asdict(limits))]
         if access is not None:
             args += ["--access", json.dumps({"hosts": sorted(access.hosts), "any_address": access.any_address,
@@ -215,9 +223,12 @@ def _exists(pid: int) -> bool:
 # -- the front process itself ------------------------------------------------------------------------
 
 class _Scrape:
-    __slots__ = ("accept", "gzip", "head")
+    """A request the front answers from a copy: of ``path`` (/metrics, or /requests) in the format ``accept``."""
 
-    def __init__(self, accept: str, gzipped: bool, head: bool) -> None:
+    __slots__ = ("path", "accept", "gzip", "head")
+
+    def __init__(self, path: str, accept: str, gzipped: bool, head: bool) -> None:
+        self.path = path
         self.accept = accept
         self.gzip = gzipped
         self.head = head
@@ -229,25 +240,33 @@ def _gzip_accepted(header: str) -> bool:
 
 
 class _Copies:
-    """The front's :class:`~._http.Site`: bodies fetched from the upstream at most once per interval."""
+    """The front's :class:`~._http.Site`: bodies fetched from the upstream at most once per interval (the
+    metrics in each format asked for, and the requests table), and the page's history."""
 
     def __init__(self, upstream: int, interval: float, capture_path: str,
-                 page: Callable[[str, str, Mapping[str, str]], Any]) -> None:
+                 page: Callable[[str, str, Mapping[str, str]], Any], history: _page.History | None = None) -> None:
         self._upstream = upstream
         self._interval = interval
         self._capture_path = capture_path
-        self._page = page
+        self._page_route = page
+        self.history = history  # the page's history, answered here
         self._lock = threading.Lock()
-        self._copies: dict[str, Rendered] = {}  # by Accept header
+        self._copies: dict[tuple[str, str], Rendered] = {}  # by (path, Accept header)
         self.fetches = 0
 
     def route(self, method: str, target: str, headers: Mapping[str, str]) -> Any:
-        page = self._page(method, target, headers)
+        page = self._page_route(method, target, headers)
         if page is not None:
             return page.head if method == "HEAD" else page.full
+        wanted = _page.history_request(method, target, headers)
+        if wanted is not None and self.history is not None:
+            return wanted
+        if method in ("GET", "HEAD") and target.split("?", 1)[0] == _page.REQUESTS_PATH:
+            return _Scrape(_page.REQUESTS_PATH, "", _gzip_accepted(headers.get("accept-encoding", "")),
+                           method == "HEAD")
         if not is_scrape(method, target, self._capture_path):
             return None
-        return _Scrape(headers.get("accept", ""), _gzip_accepted(headers.get("accept-encoding", "")),
+        return _Scrape("/metrics", headers.get("accept", ""), _gzip_accepted(headers.get("accept-encoding", "")),
                        method == "HEAD")
 
     def _fresh(self, copy: Rendered | None, now: float) -> bool:
@@ -256,7 +275,9 @@ class _Copies:
     def ready(self, job: Any) -> bytes | None:
         if isinstance(job, bytes):
             return job
-        copy = self._copies.get(job.accept)
+        if not isinstance(job, _Scrape):  # the history's
+            return self.history.ready(job)  # type: ignore[no-any-return]
+        copy = self._copies.get((job.path, job.accept))
         if not self._fresh(copy, time.monotonic()):
             return None
         return copy.responses.get((job.gzip, job.head))  # type: ignore[union-attr]
@@ -264,25 +285,48 @@ class _Copies:
     def answer(self, job: Any) -> bytes:
         if isinstance(job, bytes):
             return job
+        if not isinstance(job, _Scrape):
+            return self.history.answer(job)  # type: ignore[no-any-return]
         with self._lock:
-            copy = self._copies.get(job.accept)
-            now = time.monotonic()
-            if not self._fresh(copy, now):
-                status, content_type, body = self._fetch(job.accept)
-                if status != 200:
-                    return response(f"{status} {http.client.responses.get(status, 'Error')}", body,
-                                    (("Content-Type", content_type),))
-                copy = Rendered(now, content_type, body)
-                if job.accept in self._copies or len(self._copies) < 16:  # scrapers send one or two
-                    self._copies[job.accept] = copy
-            assert copy is not None
+            copy = self._copy(job.path, job.accept, time.monotonic())
+            if not isinstance(copy, Rendered):
+                return copy
             return copy.get(job.gzip, job.head)
 
-    def _fetch(self, accept: str) -> tuple[int, str, bytes]:
+    def _copy(self, path: str, accept: str, now: float) -> Rendered | bytes:
+        """The fresh copy of ``path`` in ``accept``'s format, fetched now if stale; the upstream's answer
+        when it is not a 200 (the caller holds the lock)."""
+        key = (path, accept)
+        copy = self._copies.get(key)
+        if not self._fresh(copy, now):
+            status, content_type, body = self._fetch(path, accept)
+            if status != 200:
+                return response(f"{status} {http.client.responses.get(status, 'Error')}", body,
+                                (("Content-Type", content_type),))
+            copy = Rendered(now, content_type, body, () if path == "/metrics" else _page.JSON_HEADERS)
+            # Scrapers send one or two Accept headers; /requests has one copy whatever the headers.
+            if key in self._copies or len(self._copies) < 16 or path != "/metrics":
+                self._copies[key] = copy
+        assert copy is not None
+        return copy
+
+    def recent_body(self, max_age: float) -> bytes | None:
+        """A /metrics body fetched at most ``max_age`` seconds ago: the newest copy if it is that recent, else
+        one fetched now in the page's format (for the history; None if the program did not answer)."""
+        now = time.monotonic()
+        newest = max((c for (path, _), c in list(self._copies.items()) if path == "/metrics"),
+                     key=lambda c: c.at, default=None)
+        if newest is not None and now - newest.at < max_age:
+            return newest.body
+        with self._lock:
+            copy = self._copy("/metrics", _page.PAGE_ACCEPT, now)
+        return copy.body if isinstance(copy, Rendered) else None
+
+    def _fetch(self, path: str, accept: str) -> tuple[int, str, bytes]:
         self.fetches += 1
         conn = http.client.HTTPConnection("127.0.0.1", self._upstream, timeout=_UPSTREAM_TIMEOUT)
         try:
-            conn.request("GET", "/metrics", headers={"Accept": accept, "Accept-Encoding": "identity"})
+            conn.request("GET", path, headers={"Accept": accept, "Accept-Encoding": "identity"})
             resp = conn.getresponse()
             return resp.status, resp.getheader("Content-Type", "text/plain"), resp.read()
         finally:
@@ -373,11 +417,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--capture-path", required=True)
     parser.add_argument("--limits", required=True)
     parser.add_argument("--access", default=None)
+    parser.add_argument("--history-every", type=float, default=5.0)
     args = parser.parse_args(argv)
-    from . import _page
-
     listener = socket.socket(fileno=args.fd)
-    copies = _Copies(args.upstream, args.interval, args.capture_path, _page.route)
+    history = _page.History(every=args.history_every)
+    copies = _Copies(args.upstream, args.interval, args.capture_path, _page.route, history)
     errors: list[BaseException] = []
     access = None
     if args.access is not None:
@@ -387,14 +431,17 @@ def main(argv: list[str]) -> None:
     pace = _Pace(limits.cpu_share)
     server = HttpServer(listener, copies, _forwarder(args.upstream, pace), limits,
                         lambda exc: errors.append(exc) if len(errors) < 100 else None, access)
+    sampler = _page.HistorySampler(history, copies.recent_body)
     out = sys.stdout.buffer
     out.write(_READY)
     out.flush()
     for line in sys.stdin.buffer:  # until the program closes the pipe or ends
         if line.strip() == b"stats":
             out.write(json.dumps({"threads": server.threads(), "fetches": copies.fetches, "errors": len(errors),
-                                  **server.counts, "paced": pace.refused}).encode() + b"\n")
+                                  **server.counts, "paced": pace.refused, "history": len(history),
+                                  "history_bytes": history.bytes}).encode() + b"\n")
             out.flush()
+    sampler.close()
     server.close()
 
 

@@ -280,20 +280,22 @@ def response(status: str, body: bytes, headers: tuple[tuple[str, str], ...] = ()
 
 
 class Rendered:
-    """One rendering of a /metrics body in one format, and the whole responses made of it (plain or gzip,
-    GET or HEAD)."""
+    """One rendering of a /metrics body in one format (or of another cached answer: ``/requests``), and the
+    whole responses made of it (plain or gzip, GET or HEAD), with ``headers`` besides its content type."""
 
-    __slots__ = ("at", "content_type", "body", "responses")
+    __slots__ = ("at", "content_type", "body", "responses", "headers")
 
-    def __init__(self, at: float, content_type: str, body: bytes) -> None:
+    def __init__(self, at: float, content_type: str, body: bytes, headers: tuple[tuple[str, str], ...] = ()) -> None:
         self.at = at
         self.content_type = content_type
         self.body = body
+        self.headers = headers
         self.responses: dict[tuple[bool, bool], bytes] = {}  # (gzip, head only) -> whole response
         self._add(False, body)
 
     def _add(self, gzipped: bool, body: bytes) -> None:
-        headers = (("Content-Type", self.content_type),) + ((("Content-Encoding", "gzip"),) if gzipped else ())
+        headers = ((("Content-Type", self.content_type), *self.headers)
+                   + ((("Content-Encoding", "gzip"),) if gzipped else ()))
         whole = response("200 OK", body, headers)
         self.responses[(gzipped, False)] = whole
         self.responses[(gzipped, True)] = whole[: len(whole) - len(body)]

@@ -40,7 +40,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._lifecycle import Owner
-from .._metrics import SPECS, MetricData, MetricSpec
+from .._metrics import SPECS, MetricData, MetricSpec, Point
 from .._version import __version__
 from ..errors import ConfigError, missing
 from ..runtime import Runtime, runtime
@@ -66,7 +66,16 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
     raise missing("opentelemetry-sdk", "otel") from exc
 
-__all__ = ["OtlpExporter", "MeterProviderBridge", "to_metrics_data"]
+try:  # exemplars on data points: opentelemetry-sdk 1.28 and later (the otel extra allows 1.27, which has none)
+    from opentelemetry.sdk.metrics import Exemplar as OtelExemplar
+except ImportError:  # pragma: no cover - exercised under the otel floor (scripts/test-otel-floor)
+    OtelExemplar = None
+
+__all__ = ["OtlpExporter", "MeterProviderBridge", "to_metrics_data", "EXEMPLARS"]
+
+EXEMPLARS = OtelExemplar is not None and "exemplars" in getattr(HistogramDataPoint, "__dataclass_fields__", {})
+"""Whether the installed OpenTelemetry SDK carries exemplars on histogram data points (1.28 and later): where
+it does not, :func:`to_metrics_data` sends the points without them."""
 
 _SCOPE = InstrumentationScope("gpuprobe", None)
 
@@ -78,12 +87,13 @@ def to_metrics_data(data: list[MetricData], start_ns: int, now_ns: int, resource
     for md in data:
         spec = md.spec
         if spec.instrument == "histogram":
-            points: list[Any] = [
-                HistogramDataPoint(attributes=p.labels, start_time_unix_nano=start_ns, time_unix_nano=now_ns,
-                                   count=p.count, sum=p.sum, bucket_counts=list(p.bucket_counts),
-                                   explicit_bounds=list(spec.buckets or ()), min=p.min, max=p.max)
-                for p in md.points
-            ]
+            points: list[Any] = []
+            for p in md.points:
+                point = HistogramDataPoint(attributes=p.labels, start_time_unix_nano=start_ns, time_unix_nano=now_ns,
+                                           count=p.count, sum=p.sum, bucket_counts=list(p.bucket_counts),
+                                           explicit_bounds=list(spec.buckets or ()), min=p.min, max=p.max,
+                                           **({"exemplars": _exemplars(p)} if EXEMPLARS else {}))
+                points.append(point)
             body: Any = Histogram(data_points=points, aggregation_temporality=cumulative)
         else:
             points = [NumberDataPoint(attributes=p.labels, start_time_unix_nano=start_ns, time_unix_nano=now_ns,
@@ -96,6 +106,12 @@ def to_metrics_data(data: list[MetricData], start_ns: int, now_ns: int, resource
         metrics.append(Metric(name=spec.name, description=spec.description, unit=spec.unit, data=body))
     scope = ScopeMetrics(scope=_SCOPE, metrics=metrics, schema_url="")
     return MetricsData(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=[scope], schema_url="")])
+
+
+def _exemplars(point: Point) -> list[Any]:
+    """A histogram point's exemplars (one per bucket that has one) as the SDK's, span and trace ids included."""
+    return [OtelExemplar({}, ex.value, int(ex.time * 1e9), int(ex.span_id, 16), int(ex.trace_id, 16))
+            for ex in point.exemplars if ex is not None]
 
 
 # -- one OTLP/HTTP request under one deadline -----------------------------------------------------

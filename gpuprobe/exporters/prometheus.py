@@ -1,8 +1,10 @@
 """Prometheus exposition: a custom ``prometheus_client`` collector that reads gpuprobe's aggregates at
 scrape time, and :func:`serve`, the /metrics endpoint (127.0.0.1 unless asked otherwise), which also
-takes on-demand profile captures (``POST /gpuprobe/profile?steps=N``, see :mod:`gpuprobe._on_demand`)
-and serves the live page at ``/`` to a browser (charts computed in the page from /metrics, see
-:mod:`gpuprobe.exporters._page`).
+takes on-demand profile captures (``POST /gpuprobe/profile?steps=N``, see :mod:`gpuprobe._on_demand`),
+answers ``/requests`` with the live requests table (JSON, :func:`requests_table`: the requests running now
+and the most recent finished ones, rendered at most once per ``collect_interval`` like a scrape) and
+serves the live page at ``/`` to a browser (charts computed in the page from /metrics, and its history,
+see :mod:`gpuprobe.exporters._page`).
 
 Names follow the OpenTelemetry-to-Prometheus rules (see :func:`gpuprobe._metrics.prometheus_name`),
 so a dashboard written against an OTel Collector's Prometheus exporter reads the same series.
@@ -28,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import errno
 import gzip as _gzip
+import json
+import math
 import os
 import socket
 import sys
@@ -43,11 +47,12 @@ from ..errors import ConfigError, missing
 from ..runtime import Runtime
 from ..runtime import runtime as _runtime
 from . import _front, _page
-from ._http import Access, HttpServer, Limits, Rendered, _close, is_scrape
+from ._http import Access, HttpServer, Limits, Rendered, _close, is_scrape, response
 
 try:
     from prometheus_client import CollectorRegistry, make_wsgi_app
     from prometheus_client.core import Metric
+    from prometheus_client.samples import Exemplar as PrometheusExemplar
     from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
     from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
     from prometheus_client.utils import floatToGoString
@@ -70,8 +75,11 @@ def to_metrics(data: list[MetricData]) -> Iterator[Metric]:
             labels = {prometheus_label(k): v for k, v in p.labels.items()}
             if typ == "histogram":
                 bounds = spec.buckets or ()
-                for le, c in zip([*bounds, float("inf")], cumulative(p.bucket_counts)):
-                    fam.add_sample(name + "_bucket", {**labels, "le": floatToGoString(le)}, c)
+                exemplars = p.exemplars or (None,) * len(p.bucket_counts)
+                for le, c, ex in zip([*bounds, float("inf")], cumulative(p.bucket_counts), exemplars):
+                    fam.add_sample(name + "_bucket", {**labels, "le": floatToGoString(le)}, c,
+                                   exemplar=None if ex is None else PrometheusExemplar(
+                                       {"trace_id": ex.trace_id, "span_id": ex.span_id}, ex.value, ex.time))
                 fam.add_sample(name + "_count", labels, p.count)
                 fam.add_sample(name + "_sum", labels, p.sum)
             elif typ == "counter":
@@ -118,7 +126,9 @@ def _labels(pairs: list[tuple[str, str]]) -> str:
 
 def render(data: list[MetricData], *, openmetrics: bool = False) -> bytes:
     """``data`` in the Prometheus text format 0.0.4, or in OpenMetrics 1.0: what prometheus_client's
-    ``generate_latest`` writes for :func:`to_metrics` of ``data`` (its twin, tested against it).
+    ``generate_latest`` writes for :func:`to_metrics` of ``data`` (its twin, tested against it). In
+    OpenMetrics, a histogram bucket that has an exemplar (a request's span, while traces are on) is
+    followed by it: ``# {span_id="...",trace_id="..."} VALUE TIMESTAMP``; the text format has none.
 
     Why not ``generate_latest``: it validates and escapes every label name of every sample, about 20 µs
     a sample (25 ms for a body of a thousand samples, on the development machine); this writes the
@@ -152,9 +162,19 @@ def render(data: list[MetricData], *, openmetrics: bool = False) -> bytes:
                 prefix = f'{name}_bucket{{{before + "," if before else ""}le="'
                 suffix = f'"{"," + after if after else ""}}} '
                 total = 0
-                for le, c in zip(fam.les, p.bucket_counts):
-                    total += c
-                    out.append(f"{prefix}{le}{suffix}{_count(total)}\n")
+                exemplars = p.exemplars if openmetrics else ()
+                if exemplars:  # OpenMetrics 1.0: a bucket's exemplar follows its value (the text format has none)
+                    for le, c, ex in zip(fam.les, p.bucket_counts, exemplars):
+                        total += c
+                        if ex is None:
+                            out.append(f"{prefix}{le}{suffix}{_count(total)}\n")
+                        else:
+                            out.append(f'{prefix}{le}{suffix}{_count(total)} # {{span_id="{_escape(ex.span_id)}",'
+                                       f'trace_id="{_escape(ex.trace_id)}"}} {floatToGoString(ex.value)} {ex.time}\n')
+                else:
+                    for le, c in zip(fam.les, p.bucket_counts):
+                        total += c
+                        out.append(f"{prefix}{le}{suffix}{_count(total)}\n")
                 both = f"{{{_labels(pairs)}}}" if pairs else ""
                 out.append(f"{name}_count{both} {_count(p.count)}\n{name}_sum{both} {floatToGoString(p.sum)}\n")
             else:
@@ -227,15 +247,78 @@ class GpuprobeCollector:
 
 
 class _Job:
-    """A scrape: the format asked for, gzip or not, and whether it is a HEAD request."""
+    """A scrape (or a read of ``/requests``): what renders the body, the format asked for, gzip or not, and
+    whether it is a HEAD request; ``key`` names its cached rendering (the content type of a scrape)."""
 
-    __slots__ = ("encoder", "content_type", "gzip", "head")
+    __slots__ = ("encoder", "content_type", "gzip", "head", "key", "headers")
 
-    def __init__(self, encoder: Callable[[], bytes], content_type: str, gzipped: bool, head: bool) -> None:
+    def __init__(self, encoder: Callable[[], bytes], content_type: str, gzipped: bool, head: bool,
+                 key: str | None = None, headers: tuple[tuple[str, str], ...] = ()) -> None:
         self.encoder = encoder
         self.content_type = content_type
         self.gzip = gzipped
         self.head = head
+        self.key = key or content_type
+        self.headers = headers
+
+
+REQUESTS_SHOWN = 100
+"""Finished requests ``/requests`` lists at most (the newest)."""
+
+IN_FLIGHT_SHOWN = 200
+"""Running and waiting requests ``/requests`` lists at most (the oldest; ``in_flight_total`` counts them all)."""
+
+_MAX_TEXT = 256  # characters of a string field /requests writes (ids are at most 128 already)
+_MAX_ITEMS = 64  # items of a list field (a record's prefill steps)
+
+
+def _bounded(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row as /requests writes it: strings and lists cut, numbers that JSON cannot hold (NaN, infinity) None.
+
+    Why a copy changed only where needed, by exact type: a hundred records' rows take 0.3 ms so, 1.4 ms with
+    an ``isinstance`` chain building every value anew (measured on the two-core development machine).
+    """
+    out = dict(row)
+    for key, value in row.items():
+        kind = type(value)
+        if kind is float:
+            if value - value != 0.0:  # NaN or an infinity (x - x is 0.0 for every finite x)
+                out[key] = None
+        elif kind is str:
+            if len(value) > _MAX_TEXT:
+                out[key] = value[:_MAX_TEXT]
+        elif kind is list or kind is tuple:
+            if kind is tuple or len(value) > _MAX_ITEMS:
+                out[key] = list(value[:_MAX_ITEMS])
+    return out
+
+
+def requests_table(rt: Runtime) -> dict[str, Any]:
+    """What ``/requests`` answers: the requests running now (``in_flight``: state, age, tokens so far,
+    tokens/s, KV blocks; at most :data:`IN_FLIGHT_SHOWN`, the oldest, and ``in_flight_total`` of them in
+    all), the most recent finished records (``finished``: :meth:`~gpuprobe.RequestRecord.as_dict`, oldest
+    first, at most :data:`REQUESTS_SHOWN`), how many requests have ended (``ended``) and how many records
+    the program keeps (``kept``, the ``requests_kept`` setting). Drains first, so that the continuous-
+    batching shares of the finished requests are filled.
+
+    Example:
+        >>> import gpuprobe
+        >>> from gpuprobe.runtime import runtime
+        >>> sorted(requests_table(runtime()))
+        ['ended', 'finished', 'in_flight', 'in_flight_total', 'kept']
+    """
+    rt.drain()
+    log = rt.requests
+    running = log.in_flight()
+    finished = log.finished()[-REQUESTS_SHOWN:]
+    return {"in_flight": [_bounded(row) for row in running[:IN_FLIGHT_SHOWN]], "in_flight_total": len(running),
+            "finished": [_bounded(record.as_dict()) for record in finished], "ended": log.ended,
+            "kept": rt.settings.requests_kept}
+
+
+def _requests_body(rt: Runtime) -> bytes:
+    # ensure_ascii: nothing but ASCII goes out, whatever a model's name holds.
+    return json.dumps(requests_table(rt), allow_nan=False, separators=(",", ":")).encode()
 
 
 # Name escapings under which gpuprobe's names (already Prometheus-legal) are written as they are.
@@ -290,6 +373,15 @@ def _series_query(app: Callable[..., Any], collector: GpuprobeCollector) -> Call
     return query_app
 
 
+def _json_error(status: str, message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    return response(status, body, (("Content-Type", "application/json"), *_page.JSON_HEADERS))
+
+
+_NO_HISTORY = _json_error("404 Not Found", "gpuprobe: the page's history is kept by whoever answers the port")
+_NO_HISTORY_HEAD = _NO_HISTORY[: _NO_HISTORY.index(b"\r\n\r\n") + 4]
+
+
 class _Exposition:
     """The /metrics body, rendered at most once per ``collect_interval`` and reused in between (the
     :class:`~gpuprobe.exporters._http.Site` of the endpoint).
@@ -303,21 +395,34 @@ class _Exposition:
         self._collector = collector
         self._registry = registry
         self._lock = threading.Lock()
-        self._rendered: dict[str, Rendered] = {}  # by content type
+        self._rendered: dict[str, Rendered] = {}  # by content type (and "requests": the table)
         self._negotiated: dict[str, tuple[Callable[[], bytes], str]] = {}  # Accept header -> choice
         self.renders = 0
         # False behind a front process: it asks at most once per interval, and wants a body rendered now.
         self.reuse = True
+        self.history: _page.History | None = None  # kept here while the program answers the port itself
+        self.tables = 0  # renderings of /requests
 
     def _fresh(self, rendered: Rendered | None, now: float) -> bool:
         return self.reuse and rendered is not None and now - rendered.at < self._rt.settings.collect_interval
 
-    def route(self, method: str, target: str, headers: Mapping[str, str]) -> _Job | bytes | None:
-        """Scrapes (:func:`~._http.is_scrape`: GET or HEAD, not the capture endpoint) are the exposition's; the
-        live page (``/`` for a browser, and its files) is :mod:`._page`'s: a response made beforehand."""
+    def route(self, method: str, target: str, headers: Mapping[str, str]
+              ) -> _Job | _page.HistoryRequest | bytes | None:
+        """Scrapes (:func:`~._http.is_scrape`: GET or HEAD, not the capture endpoint) and reads of
+        ``/requests`` are the exposition's; the live page (``/`` for a browser, and its files) is
+        :mod:`._page`'s: a response made beforehand; its history is :attr:`history`'s."""
         page = _page.route(method, target, headers)
         if page is not None:
             return page.head if method == "HEAD" else page.full
+        wanted = _page.history_request(method, target, headers)
+        if wanted is not None:
+            if self.history is None:  # behind a front process, the front keeps the history
+                return _NO_HISTORY_HEAD if method == "HEAD" else _NO_HISTORY
+            return wanted
+        if method in ("GET", "HEAD") and target.split("?", 1)[0] == _page.REQUESTS_PATH:
+            return _Job(lambda: _requests_body(self._rt), "application/json",
+                        gzip_accepted(headers.get("accept-encoding", "")), method == "HEAD", key="requests",
+                        headers=_page.JSON_HEADERS)
         if not is_scrape(method, target, _on_demand.PATH):
             return None
         accept = headers.get("accept", "")
@@ -332,28 +437,50 @@ class _Exposition:
                 self._negotiated[accept] = chosen
         return _Job(chosen[0], chosen[1], gzip_accepted(headers.get("accept-encoding", "")), method == "HEAD")
 
-    def ready(self, job: _Job | bytes) -> bytes | None:
+    def ready(self, job: _Job | _page.HistoryRequest | bytes) -> bytes | None:
         """The cached response, when it is fresh and made already (no lock: a dict read)."""
         if isinstance(job, bytes):
             return job
-        rendered = self._rendered.get(job.content_type)
+        if isinstance(job, _page.HistoryRequest):
+            return self.history.ready(job) if self.history is not None else _NO_HISTORY
+        rendered = self._rendered.get(job.key)
         if not self._fresh(rendered, time.monotonic()):
             return None
         return rendered.responses.get((job.gzip, job.head))  # type: ignore[union-attr]
 
-    def answer(self, job: _Job | bytes) -> bytes:
+    def answer(self, job: _Job | _page.HistoryRequest | bytes) -> bytes:
         """Render if the cached body is stale (one rendering at a time; others wait and reuse it)."""
         if isinstance(job, bytes):
             return job
+        if isinstance(job, _page.HistoryRequest):
+            return self.history.answer(job) if self.history is not None else _NO_HISTORY
         with self._lock:
-            rendered = self._rendered.get(job.content_type)
+            rendered = self._rendered.get(job.key)
             now = time.monotonic()
             if not self._fresh(rendered, now):
-                rendered = Rendered(now, job.content_type, job.encoder())
-                self._rendered[job.content_type] = rendered
-                self.renders += 1
+                rendered = Rendered(now, job.content_type, job.encoder(), job.headers)
+                self._rendered[job.key] = rendered
+                if job.key != "requests":
+                    self.renders += 1
+                else:
+                    self.tables += 1
             assert rendered is not None
             return rendered.get(job.gzip, job.head)
+
+    def recent_body(self, max_age: float) -> bytes | None:
+        """A /metrics body rendered at most ``max_age`` seconds ago: the newest one rendered for a scraper if
+        it is that recent, else one rendered now in the page's format (the history's sampler asks)."""
+        now = time.monotonic()
+        newest = max((r for k, r in list(self._rendered.items()) if k != "requests"), key=lambda r: r.at, default=None)
+        if newest is not None and now - newest.at < max_age:
+            return newest.body
+        job = self.route("GET", "/metrics", {"accept": _page.PAGE_ACCEPT})
+        assert isinstance(job, _Job)
+        with self._lock:
+            rendered = Rendered(now, job.content_type, job.encoder())
+            self._rendered[job.key] = rendered
+            self.renders += 1
+        return rendered.body
 
 
 class _Endpoint:
@@ -378,9 +505,18 @@ class _Endpoint:
         self._make_server = make_server
         self._watcher: threading.Thread | None = None
         self._pid = os.getpid()  # a forked child's copy belongs to the parent: see forget_in_child
+        self.sampler: _page.HistorySampler | None = None
         if front is not None:
             self._watcher = threading.Thread(target=self._front_ended, name="gpuprobe-metrics-front", daemon=True)
             self._watcher.start()
+        else:
+            self.keep_history()
+
+    def keep_history(self) -> None:
+        """The program answers the port: it keeps the page's history (a front process keeps its own)."""
+        history = _page.History(every=_page.HISTORY_EVERY_S)
+        self.exposition.history = history
+        self.sampler = _page.HistorySampler(history, self.exposition.recent_body)
 
     def _front_ended(self) -> None:
         front = self.front
@@ -399,6 +535,7 @@ class _Endpoint:
             self.front = None
             self.exposition.reuse = True
             internal, self.server = self.server, make(listener)
+            self.keep_history()  # the front's is gone with it: the history starts again here
         front.close()  # its pipes (it has ended)
         internal.close()
 
@@ -411,6 +548,9 @@ class _Endpoint:
                 return
             _servers.pop((self.addr, self.port), None)
             front, self.front = self.front, None
+            sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            sampler.close()
         if front is not None:
             front.close()
             if self._watcher is not None and self._watcher is not threading.current_thread():
@@ -425,6 +565,7 @@ class _Endpoint:
         front, self.front = self.front, None
         if front is not None:
             front.forget_in_child()
+        self.sampler = None  # its thread does not run here
         self.server.forget_in_child()
         if self._listener is not None:
             _close(self._listener)
@@ -456,6 +597,11 @@ class Server:
         return f"http://{host}:{self.port}/"
 
     @property
+    def requests_url(self) -> str:
+        """The live requests table's URL (``/requests``: JSON, see :func:`requests_table`)."""
+        return f"{self.page_url}requests"
+
+    @property
     def limits(self) -> Limits:
         """The bounds the endpoint serves under (those of the :func:`serve` call that started it)."""
         return self._endpoint.server.limits
@@ -468,7 +614,9 @@ class Server:
         403: a ``Host`` the endpoint is not known by, or an acting request from another site; see
         :class:`~gpuprobe.exporters._http.Access`), ``expired`` (answered 503 after waiting
         ``Limits.read_timeout`` for a worker), ``paced`` (forwarded requests a front process answered 503 to
-        keep the program within ``Limits.cpu_share``; 0 in-process).
+        keep the program within ``Limits.cpu_share``; 0 in-process), ``tables`` (renderings of
+        ``/requests`` in the program), ``history`` and ``history_bytes`` (the scrapes the live page's
+        history holds, and its bytes, wherever it is kept).
 
         Example:
             >>> import gpuprobe
@@ -480,11 +628,17 @@ class Server:
         endpoint = self._endpoint
         front = endpoint.front
         counts = front.stats() if front is not None else None
+        exposition = endpoint.exposition
         if counts is not None:  # the front's threads and counts: the requests it answered
-            return {"threads": int(counts.get("threads", 0)), "renders": endpoint.exposition.renders,
-                    **{k: int(counts.get(k, 0)) for k in endpoint.server.counts}, "paced": int(counts.get("paced", 0))}
-        return {"threads": endpoint.server.threads(), "renders": endpoint.exposition.renders,
-                **endpoint.server.counts, "paced": 0}
+            return {"threads": int(counts.get("threads", 0)), "renders": exposition.renders,
+                    **{k: int(counts.get(k, 0)) for k in endpoint.server.counts}, "paced": int(counts.get("paced", 0)),
+                    "tables": exposition.tables, "history": int(counts.get("history", 0)),
+                    "history_bytes": int(counts.get("history_bytes", 0))}
+        history = exposition.history
+        return {"threads": endpoint.server.threads(), "renders": exposition.renders,
+                **endpoint.server.counts, "paced": 0, "tables": exposition.tables,
+                "history": len(history) if history is not None else 0,
+                "history_bytes": history.bytes if history is not None else 0}
 
     @property
     def front_pid(self) -> int | None:
@@ -636,7 +790,7 @@ def _start_front(rt: Runtime, listener: socket.socket, exposition: _Exposition, 
                               on_error, access)
         exposition.reuse = False
         front = _front.Front(listener, upstream.getsockname()[1], limits, rt.settings.collect_interval,
-                             _on_demand.PATH, access)
+                             _on_demand.PATH, access, history_every=_page.HISTORY_EVERY_S)
         return front, internal
     except Exception as exc:  # fail open: the program answers the port itself
         exposition.reuse = True

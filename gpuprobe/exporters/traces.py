@@ -16,7 +16,11 @@ How, so that the program pays little and is never stopped:
 - When a request ends, its thread only gives the record ids (the caller's trace id, or a new one, and a
   span id) and appends it to a bounded queue (4,096 records: past it, records are dropped and counted
   in ``gpuprobe.telemetry.dropped{reason="span_queue_full"}``). The ids are known at once, so a server's
-  response can name the trace (``traceresponse``) and a histogram bucket the request (exemplars).
+  response can name the trace (``traceresponse``) and a histogram bucket the request: the buckets its
+  TTFT, duration, queue time and longest token gap fell in take its span as their exemplar (a few item
+  stores, into series the integration prepared), and forget it again if the span is not sent after all
+  (not sampled, or lost). A continuous-batching step that is a span is the exemplar of its step-duration
+  bucket the same way.
 - A thread of the exporter's own (``gpuprobe-traces``) turns records into spans once their last figures
   are in (a continuous-batching request's share of the steps, a GPU's device time: at most 2 s later),
   and sends them in batches of 512: to an SDK ``TracerProvider``'s own span processors as finished spans
@@ -223,6 +227,50 @@ def step_plan(step: Any, links: list[tuple[str, str]]) -> PlannedSpan:
                        attributes, links=links[:_LINKS])
 
 
+# -- exemplars -------------------------------------------------------------------------------------------
+
+def _offer(record: RequestRecord) -> None:
+    """The request's span becomes the exemplar of the buckets its values fell in, in the series it fed
+    (``record.exemplar_series``: prepared by the integration, so no label is looked up). Never raises."""
+    trace_id, span_id = record.trace_id, record.span_id
+    if trace_id is None or span_id is None:
+        return
+    at = record.ended_at
+    try:
+        for series, field in record.exemplar_series:
+            value = getattr(record, field)
+            if value is not None:
+                series.offer_exemplar(value, trace_id, span_id, at)
+    except Exception:  # an exemplar less; never into the program
+        pass
+
+
+def _withdraw(records: list[RequestRecord]) -> None:
+    """The spans of ``records`` are not sent (not sampled, or lost): the buckets that still name them forget
+    them. Never raises."""
+    try:
+        for record in records:
+            span_id = record.span_id
+            if span_id is None:
+                continue
+            for series, field in record.exemplar_series:
+                value = getattr(record, field)
+                if value is not None:
+                    series.withdraw_exemplar(value, span_id)
+    except Exception:
+        pass
+
+
+def _withdraw_steps(steps: list[Any]) -> None:
+    """The spans of these continuous-batching steps are lost: their step-duration buckets forget them."""
+    try:
+        for step in steps:
+            if step.series is not None:
+                step.series.withdraw_exemplar(step.host_ns / 1e9, step.span_id)
+    except Exception:
+        pass
+
+
 # -- the exporter ----------------------------------------------------------------------------------------
 
 def _sdk_processor(provider: Any) -> Any:
@@ -332,6 +380,8 @@ class TraceExporter:
                 self._rt.drop("span_queue_full")
             return
         queue.append(record)
+        if self._tracer is None:  # its span keeps these ids: the buckets it fed name it from now on
+            _offer(record)
         if len(queue) >= _BATCH:
             self._wake.set()
 
@@ -345,6 +395,13 @@ class TraceExporter:
                 self._rt.drop("span_queue_full")
             return
         self._steps.append((time.time(), step))
+        series = step.series
+        if series is not None:
+            try:
+                series.offer_exemplar(step.host_ns / 1e9, step.trace_id, step.span_id,
+                                      (step.start_ns + step.host_ns) / 1e9)
+            except Exception:  # an exemplar less; the span is queued
+                pass
 
     # -- on the exporter's thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -377,6 +434,7 @@ class TraceExporter:
                 try:
                     self._deliver(records, final)
                 except Exception as exc:  # never into the program; counted, warned once
+                    _withdraw(records)
                     self._failed(len(records), repr(exc))
                 if len(records) < _BATCH:
                     return
@@ -443,8 +501,10 @@ class TraceExporter:
             else:
                 why = self._post_batch(self._encode(spans).SerializeToString())
                 if why is not None:
+                    _withdraw_steps([step for step, _ in plans])
                     self._failed(len(spans), why)
         except Exception as exc:
+            _withdraw_steps([step for step, _ in plans])
             self._failed(len(spans), repr(exc))
 
     def _ids(self) -> int:
@@ -462,7 +522,11 @@ class TraceExporter:
             if find is not None and record.capture is None:
                 record.capture = find(record.started_at, record.ended_at)
             plan = span_plan(record, self._ids)
-            spans.extend(self._finished_spans(record, plan))
+            made = self._finished_spans(record, plan)
+            if made:
+                spans.extend(made)
+            else:  # the sampler said no: no bucket names a span that is not sent
+                _withdraw([record])
         if not spans:
             return
         for record in records:
@@ -478,6 +542,7 @@ class TraceExporter:
         if why is None:
             self.exported += len(records)
         else:
+            _withdraw(records)
             self._failed(len(records), why)
 
     def _finished_spans(self, record: RequestRecord, plan: list[PlannedSpan]) -> list[Any]:
@@ -523,6 +588,8 @@ class TraceExporter:
         made = span.get_span_context()
         if made.is_valid:  # the tracer's own ids: what the trace backend holds
             record.trace_id, record.span_id = f"{made.trace_id:032x}", f"{made.span_id:016x}"
+            if made.trace_flags.sampled:
+                _offer(record)
 
     def _post_batch(self, body: bytes) -> str | None:
         from .otlp import _RETRYABLE, _retry_after

@@ -162,24 +162,32 @@ def charts(pair: Pair) -> dict[str, Lines]:
     out["components"] = components
 
     requests: Lines = {}
-    active = pair.gauge("gpuprobe_generate_active", ())
-    if () in active:
-        requests["active"] = {"value": active[()], "run": None}
+    active = in_flight(pair)
+    if active is not None:
+        requests["active"] = {"value": active, "run": None}
     for (error,), (now, inc) in pair.sums("gen_ai_server_request_duration_seconds_count", _everything,
                                           ("error_type",)).items():
         requests[f"failed {error}" if error else "completed"] = {"value": pair.rate(inc), "run": now}
     out["requests"] = requests
 
     memory: Lines = {}
-    for metric, what in (("gpuprobe_memory_allocated_bytes", "allocated"), ("gpuprobe_memory_peak_bytes", "peak"),
-                         ("gpuprobe_memory_reserved_bytes", "reserved")):
-        for (device,), value in pair.gauge(metric, ("device",)).items():
-            memory[f"{what} {device}"] = {"value": value}
+    for metric in pair.new:  # every memory gauge: allocated, peak, reserved, and any other
+        if metric.startswith("gpuprobe_memory_") and metric.endswith("_bytes"):
+            what = metric[len("gpuprobe_memory_"):-len("_bytes")].replace("_", " ")
+            for (device,), value in pair.gauge(metric, ("device",)).items():
+                memory[f"{what} {device}"] = {"value": value}
     out["memory"] = memory
+    if not made_generate_call(pair):  # the KV cache of generate() calls: shown once there was one
+        return _optional(pair, out)
     kv: Lines = {f"bytes {m}": {"value": v} for (m,), v in pair.gauge("gpuprobe_kv_cache_memory_bytes", ("model",)).items()}
     kv.update({f"tokens {m}": {"value": v}
                for (m,), v in pair.gauge("gpuprobe_kv_cache_sequence_length", ("model",), max).items()})
     out["kv"] = kv
+    return _optional(pair, out)
+
+
+def _optional(pair: Pair, out: dict[str, Lines]) -> dict[str, Lines]:
+    """The charts shown once their series exist."""
     if pair.new.get("gpuprobe_probe_duration_seconds_count"):
         out["probes"] = _latency(pair, "gpuprobe_probe_duration_seconds", _everything, ("probe", "clock"),
                                  lambda k: f"{k[0]} {_clock(k[1:])}", (("p95", 0.95),))
@@ -227,6 +235,19 @@ def charts(pair: Pair) -> dict[str, Lines]:
                 power[f"throttle {index} {reason}"] = {"value": value}
         out["gpu_power"] = power
     return out
+
+
+def made_generate_call(pair: Pair) -> bool:
+    """Whether the process made a generate() call (its batch size is counted per call)."""
+    return any(v > 0 for _, v in pair.new.get("gpuprobe_step_batch_size_count", []))
+
+
+def in_flight(pair: Pair) -> float | None:
+    """Requests in flight: generate() calls, and under continuous batching the requests running and waiting."""
+    if not (pair.new.get("gpuprobe_generate_active") or pair.new.get("gpuprobe_requests_running")):
+        return None
+    return sum(sum(pair.gauge(name, ()).values()) for name in
+               ("gpuprobe_generate_active", "gpuprobe_requests_running", "gpuprobe_requests_waiting"))
 
 
 def same(shown: str, expected: float | None) -> bool:

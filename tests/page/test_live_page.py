@@ -25,7 +25,7 @@ import gpuprobe
 from tests.monitoring.promstack import WORKLOAD, Proc, free_port, temp_dir, wait_until
 
 from ._browser import Browser, browser
-from ._expected import Pair, charts, histogram_quantile, same, samples
+from ._expected import Pair, charts, histogram_quantile, in_flight, same, samples
 
 pytestmark = pytest.mark.slow
 
@@ -146,18 +146,19 @@ def check_tiles(pair: Pair, tiles: dict[str, str]) -> None:
     assert same(tiles["tpot_p50"], tpot[()]["q"](0.5) if tpot else None)
     step = pair.histogram("gpuprobe_step_duration_seconds", lambda lab: lab.get("clock") == "host", ())
     assert same(tiles["step_mean"], step[()]["mean"] if step else None)
-    active = pair.gauge("gpuprobe_generate_active", ())
-    assert same(tiles["in_flight"], active.get(()))
+    assert same(tiles["in_flight"], in_flight(pair))
     assert same(tiles["memory"], pair.gauge("gpuprobe_memory_allocated_bytes", ()).get(()))
 
 
 def check_stays_home(page: Page, origin: str) -> None:
-    """The page asks its own server only: the page, its files and /metrics, and nothing failed in it."""
+    """The page asks its own server only: the page, its files, /metrics, /requests and its history, and nothing
+    failed in it."""
     assert page.errors == []
     for url in page.requests:
         assert url.startswith(origin + "/"), url
         path = url[len(origin):]
-        assert path == "/metrics" or path.startswith("/gpuprobe/page/") or path.split("#")[0] in ("/",), url
+        assert path in ("/metrics", "/requests", "/gpuprobe/history") or path.startswith("/gpuprobe/page/") or \
+            path.split("#")[0] in ("/",), url
 
 
 def _line(log: Proc, pattern: str) -> re.Match[str] | None:

@@ -6,12 +6,22 @@
    by its first observation). "Whole run" reads the newest scrape alone: everything since the process
    started. Every number shown is also in the DOM (data-value, in seconds, bytes or per second), and the
    scrapes it came from are named on <body> (data-scrape, data-base: their numbers, 1 for the page's
-   first successful scrape; data-seconds: the time between them). */
+   first successful scrape; data-seconds: the time between them).
+
+   When it opens, the page reads its history (/gpuprobe/history: the server's scrapes of the charted series
+   every few seconds, for the last minutes) and draws it before its own scrapes, through the same code: the
+   charts of a page opened after the requests ran still show them (<body data-history>: scrapes drawn so).
+   Its own windows, tiles and tables are its own scrapes' alone. The requests table reads /requests (the
+   requests running now and the most recent finished ones) at each poll; every text from it is set as text,
+   never as HTML. */
 "use strict";
 (() => {
   const POLL_MS = 1000;
   const KEEP_POINTS = 900;       // chart points kept: 15 minutes at one a second
   const MAX_WINDOW_S = 300;      // the longest window offered; raw scrapes are kept this long
+  const FINISHED_SHOWN = 100;    // finished requests listed at most (/requests sends no more)
+  const REQUESTS_PATH = "/requests";
+  const HISTORY_PATH = "/gpuprobe/history";
   // Prometheus' own preference: the page then shares the body a Prometheus scrape caused (one rendering).
   const ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.9,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
   const COLORS = ["#73bf69", "#f2cc0c", "#5794f2", "#ff9830", "#f2495c", "#b877d9", "#8ab8ff", "#fade2a",
@@ -210,6 +220,11 @@
     has(name) {
       return (byName.get(name) || []).some((id) => this.cur.values[id] !== undefined);
     }
+
+    /** Sample names beginning with `prefix` that the newest scrape holds, sorted. */
+    names(prefix) {
+      return [...byName.keys()].filter((n) => n.startsWith(prefix) && this.has(n)).sort();
+    }
   }
 
   // ---------------------------------------------------------------- what is drawn
@@ -248,6 +263,20 @@
 
   const perGpu = (what, labels) => ({key: `${what} ${labels.gpu_index}`, name: `GPU ${labels.gpu_index} ${what}`});
 
+  /** Whether the process made a generate() call (its batch sizes are counted per call, by generate() alone). */
+  const GENERATE = (r) => r.counter("gpuprobe_step_batch_size_count").some((g) => g.total > 0);
+
+  /** Requests in flight: generate() calls running, and continuous batching's requests running and waiting. */
+  function inFlight(r) {
+    const parts = ["gpuprobe_generate_active", "gpuprobe_requests_running", "gpuprobe_requests_waiting"]
+      .map((name) => r.gauge(name).reduce((a, g) => a + g.value, 0));
+    const present = ["gpuprobe_generate_active", "gpuprobe_requests_running"].some((n) => r.has(n));
+    return {value: present ? parts[0] + parts[1] + parts[2] : null, running: parts[1], waiting: parts[2],
+            batching: r.has("gpuprobe_requests_running")};
+  }
+
+  const MEMORY_ORDER = ["allocated", "peak", "reserved"];
+
   const clockLabel = (labels) => (labels.clock && labels.clock !== "host" ? `${labels.clock} ` : "");
   const COMPONENT_ORDER = ["draft", "schedule", "forward", "verify", "logits_processor", "stopping_criteria",
                            "streamer", "update", "other"];
@@ -255,7 +284,8 @@
   const CHARTS = [
     {
       id: "tokens", title: "Tokens per second", unit: "tok/s", when: CORE,
-      note: "Prompt and generated tokens, counted as each generate() call returns.",
+      note: "Prompt and generated tokens, counted as each request ends (a generate() call, a continuous-batching "
+        + "request).",
       columns: [["value", "last {w}"], ["run", "whole run"]],
       lines: (r) => sortBy(r.counter("gen_ai_client_token_usage_sum", {}, ["gen_ai_token_type"]),
                            (g) => (g.labels.gen_ai_token_type === "output" ? 0 : 1)).map((g) => ({
@@ -303,11 +333,13 @@
                  {filter: {clock: "host"}, by: ["phase"], label: (l) => `${l.phase} `, stats: [["p95", 0.95]]}),
     {
       id: "requests", title: "Requests", unit: "/s", unit2: "count", when: CORE,
-      note: "generate() calls running now, and calls ending per second (failed: by exception type).",
+      note: "Requests in flight (generate() calls; continuous batching: running + waiting), and requests ending "
+        + "per second (failed: by exception type).",
       columns: [["value", "last {w}"], ["run", "whole run"]],
       lines: (r) => {
-        const lines = r.gauge("gpuprobe_generate_active").map((g) => ({
-          key: "active", name: "in flight", value: g.value, unit: "count", scale: "y2", run: null}));
+        const now = inFlight(r);
+        const lines = now.value === null ? [] : [{key: "active", name: "in flight", value: now.value, unit: "count",
+                                                  scale: "y2", run: null}];
         for (const g of r.counter("gen_ai_server_request_duration_seconds_count", {}, ["error_type"])) {
           const failed = g.labels.error_type !== "";
           lines.push({key: failed ? `failed ${g.labels.error_type}` : "completed",
@@ -319,16 +351,24 @@
     },
     {
       id: "memory", title: "Memory", unit: "bytes", when: CORE,
-      note: "Allocated bytes (CUDA allocator; process RSS on a CPU) and their high-water mark.",
+      note: "Allocated bytes (CUDA allocator; process RSS on a CPU), their high-water mark, and every other "
+        + "memory gauge the process has.",
       columns: [["value", "now"]],
-      lines: (r) => gaugeLines(r, [["gpuprobe_memory_allocated_bytes", "allocated", {unit: "bytes"}],
-                                   ["gpuprobe_memory_peak_bytes", "peak", {unit: "bytes"}],
-                                   ["gpuprobe_memory_reserved_bytes", "reserved", {unit: "bytes"}]], ["device"], "sum",
-                               (what, l) => ({key: `${what} ${l.device}`, name: `${what} (${l.device})`})),
+      lines: (r) => {
+        const what = (name) => name.slice("gpuprobe_memory_".length).replace(/_bytes$/, "");
+        const rank = (name) => {
+          const i = MEMORY_ORDER.indexOf(what(name));
+          return `${i < 0 ? 9 : i} ${what(name)}`;
+        };
+        const names = sortBy(r.names("gpuprobe_memory_").filter((n) => n.endsWith("_bytes")), rank);
+        return gaugeLines(r, names.map((n) => [n, what(n).replace(/_/g, " "), {unit: "bytes"}]), ["device"], "sum",
+                          (w, l) => ({key: `${w} ${l.device}`, name: `${w} (${l.device})`}));
+      },
     },
     {
-      id: "kv", title: "KV cache", unit: "bytes", unit2: "tokens", when: CORE,
-      note: "Bytes the cache of the running generate() call holds, and the tokens in it.",
+      id: "kv", title: "KV cache", unit: "bytes", unit2: "tokens", when: GENERATE,
+      note: "Bytes the cache of the running generate() call holds, and the tokens in it (shown once the process "
+        + "made a generate() call; continuous batching's paged cache is in its own chart).",
       columns: [["value", "now"]],
       lines: (r) => [
         ...r.gauge("gpuprobe_kv_cache_memory_bytes", {}, ["model"]).map((g) => ({
@@ -433,13 +473,16 @@
       const h = r.histogram("gpuprobe_step_duration_seconds", {clock: "host"});
       return {value: h.length ? h[0].mean : null, sub: h.length ? `${fmt(h[0].countRun, "count")} steps` : ""};
     }},
-    {id: "in_flight", label: "requests in flight", unit: "count", read: (r) => {
-      const g = r.gauge("gpuprobe_generate_active");
+    {id: "in_flight", label: "requests in flight", title: "generate() calls running, and under continuous batching "
+      + "the requests running and waiting", unit: "count", read: (r) => {
+      const now = inFlight(r);
       const done = r.counter("gen_ai_server_request_duration_seconds_count", {}, ["error_type"]);
       const ok = done.filter((x) => x.labels.error_type === "").reduce((a, x) => a + x.total, 0);
       const failed = done.filter((x) => x.labels.error_type !== "").reduce((a, x) => a + x.total, 0);
-      return {value: g.length ? g.reduce((a, x) => a + x.value, 0) : null,
-              sub: `${fmt(ok, "count")} done` + (failed ? `, ${fmt(failed, "count")} failed` : "")};
+      const batching = now.batching
+        ? `${fmt(now.running, "count")} running, ${fmt(now.waiting, "count")} waiting · ` : "";
+      return {value: now.value,
+              sub: batching + `${fmt(ok, "count")} done` + (failed ? `, ${fmt(failed, "count")} failed` : "")};
     }},
     {id: "memory", label: "memory allocated", unit: "bytes", read: (r) => {
       const a = r.gauge("gpuprobe_memory_allocated_bytes");
@@ -499,7 +542,7 @@
   const dataValue = (v) => (v === null || v === undefined || !Number.isFinite(v) ? "" : String(v));
 
   let windowS = 60;
-  const state = {scrapes: [], xs: [], seq: 0, charts: new Map(), lastOk: 0, error: null};
+  const state = {scrapes: [], xs: [], seq: 0, charts: new Map(), lastOk: 0, error: null, requests: 0};
   const params = new URLSearchParams(location.hash.slice(1));
   if (params.get("window")) windowS = Math.min(MAX_WINDOW_S, Math.max(2, Number(params.get("window")) || 60));
   const select = $("#window");
@@ -653,25 +696,20 @@
   }
 
   // ---------------------------------------------------------------- each scrape
-  function baseFor(cur) {
+  /** The oldest scrape of `list` within the window before `cur` (the window's older end), or null. */
+  function baseIn(list, cur) {
     const from = cur.t - windowS * 1000 - 250;  // a scrape a poll late still opens the window
-    for (const s of state.scrapes) {
+    for (const s of list) {
       if (s !== cur && s.t >= from) return s;
     }
     return null;
   }
 
-  function update() {
-    const cur = state.scrapes[state.scrapes.length - 1];
-    const base = baseFor(cur);
-    const r = new Reader(cur, base);
-    document.body.dataset.scrape = String(cur.seq);
-    document.body.dataset.base = base ? String(base.seq) : "";
-    document.body.dataset.seconds = base ? String(r.seconds) : "";
-    document.body.dataset.window = String(windowS);
-    renderBuild(r);
-    renderTiles(r);
-    state.xs.push(cur.t / 1000);
+  const baseFor = (cur) => baseIn(state.scrapes, cur);
+
+  /** One point at `t` (ms) on every chart, from what `r` reads; its table too, and the plot, unless `quiet`. */
+  function draw(r, t, quiet) {
+    state.xs.push(t / 1000);
     const drop = Math.max(0, state.xs.length - KEEP_POINTS);
     if (drop) state.xs.splice(0, drop);
     for (const chart of CHARTS) {
@@ -697,14 +735,33 @@
         arr.push(v === null || v === undefined || !Number.isFinite(v) ? null : v);
         if (drop) arr.splice(0, drop);
       }
+      if (quiet) continue;
       const order = new Map(view.keys.map((k, i) => [k, i]));
       renderTable(view, lines.slice().sort((a, b) => order.get(a.key) - order.get(b.key)));
-      const anything = view.keys.some((k) => view.data.get(k).some((v) => v !== null));
-      view.empty.textContent = anything ? "" : (base ? "no data in this window" : "collecting: a second scrape opens the window");
-      const wanted = view.keys.filter((k) => view.info.get(k).plot !== false).join("\u0000");
-      if (!view.u || view.plotted !== wanted) build(view);
-      else view.u.setData(plotData(view).data);
+      plot(view, r.base !== null);
     }
+  }
+
+  function plot(view, windowOpen) {
+    const anything = view.keys.some((k) => view.data.get(k).some((v) => v !== null));
+    view.empty.textContent = anything ? "" : (windowOpen ? "no data in this window"
+      : "collecting: a second scrape opens the window");
+    const wanted = view.keys.filter((k) => view.info.get(k).plot !== false).join("\u0000");
+    if (!view.u || view.plotted !== wanted) build(view);
+    else view.u.setData(plotData(view).data);
+  }
+
+  function update() {
+    const cur = state.scrapes[state.scrapes.length - 1];
+    const base = baseFor(cur);
+    const r = new Reader(cur, base);
+    document.body.dataset.scrape = String(cur.seq);
+    document.body.dataset.base = base ? String(base.seq) : "";
+    document.body.dataset.seconds = base ? String(r.seconds) : "";
+    document.body.dataset.window = String(windowS);
+    renderBuild(r);
+    renderTiles(r);
+    draw(r, cur.t, false);
   }
 
   function reset(cur) {
@@ -728,6 +785,117 @@
     return false;
   }
 
+  // ---------------------------------------------------------------- the history
+  /** Draw the server's history (its scrapes before the page opened) as the charts' first points. */
+  async function loadHistory() {
+    document.body.dataset.history = "0";
+    let answer;
+    let sent;
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), 10000);
+    try {
+      sent = Date.now();
+      const resp = await fetch(HISTORY_PATH, {cache: "no-store", signal: abort.signal});
+      if (!resp.ok) return;
+      const now = Number(resp.headers.get("X-Gpuprobe-Now"));
+      answer = await resp.json();
+      // The server's clock to the page's: its "now" is the moment between sending and receiving.
+      answer.offset = Number.isFinite(now) && now > 0 ? (sent + Date.now()) / 2 - now * 1000 : 0;
+    } catch (err) {
+      return;  // no history (an older server, a slow answer): the page starts from its own scrapes
+    } finally {
+      clearTimeout(timer);
+    }
+    const series = Array.isArray(answer.series) ? answer.series.map((key) => idOf(String(key))) : [];
+    const past = [];
+    let drawn = 0;
+    for (const scrape of Array.isArray(answer.scrapes) ? answer.scrapes : []) {
+      const values = [];
+      const row = Array.isArray(scrape.values) ? scrape.values : [];
+      for (let i = 0; i < row.length && i < series.length; i++) {
+        if (typeof row[i] === "number") values[series[i]] = row[i];
+      }
+      const cur = {t: Number(scrape.t) * 1000 + answer.offset, values};
+      if (!Number.isFinite(cur.t) || cur.t > Date.now()) continue;
+      if (past.length && (restarted(past[past.length - 1], cur) || cur.t <= past[past.length - 1].t)) past.length = 0;
+      past.push(cur);
+      while (past.length > 2 && past[1].t < cur.t - (MAX_WINDOW_S + 5) * 1000) past.shift();
+      draw(new Reader(cur, baseIn(past, cur)), cur.t, true);
+      drawn += 1;
+    }
+    document.body.dataset.history = String(drawn);
+    for (const view of state.charts.values()) plot(view, true);
+  }
+
+  // ---------------------------------------------------------------- the requests table
+  const IN_FLIGHT_COLUMNS = [["request_id", "request"], ["model", "model"], ["state", "state"], ["age_s", "age", "s"],
+                             ["output_tokens", "tokens so far", "count"], ["tokens_per_s", "tokens/s", "tok/s"],
+                             ["kv_blocks", "KV blocks", "count"]];
+  const FINISHED_COLUMNS = [["request_id", "request"], ["model", "model"], ["finish_reason", "finish"],
+                            ["ttft_s", "TTFT", "s"], ["tpot_s", "TPOT", "s"], ["duration_s", "duration", "s"],
+                            ["input_tokens", "prompt", "count"], ["output_tokens", "tokens", "count"]];
+  const asText = (v) => (v === null || v === undefined ? "" : String(v).slice(0, 256));
+
+  /** Rows of requests into `table`: every value set as text (an id is the client's), numbers formatted. */
+  function requestRows(table, columns, rows, none) {
+    const head = el("tr");
+    for (const [, title, unit] of columns) head.appendChild(el("th", unit ? {} : {class: "text"}, title));
+    const out = [head];
+    for (const row of rows) {
+      const tr = el("tr", {"data-request": asText(row.request_id)});
+      for (const [key, , unit] of columns) {
+        const v = row[key];
+        if (unit) {
+          tr.appendChild(el("td", {"data-col": key, "data-value": typeof v === "number" ? dataValue(v) : ""},
+                            typeof v === "number" ? fmt(v, unit) : "—"));
+        } else {
+          const text = asText(v);
+          tr.appendChild(el("td", {"data-col": key, "data-value": text, class: "text", title: text}, text || "—"));
+        }
+      }
+      out.push(tr);
+    }
+    if (!rows.length) {
+      const tr = el("tr", {class: "none"});
+      tr.appendChild(el("td", {colspan: String(columns.length), class: "text"}, none));
+      out.push(tr);
+    }
+    table.replaceChildren(...out);
+  }
+
+  function renderRequests(data) {
+    const running = Array.isArray(data.in_flight) ? data.in_flight : [];
+    const finished = (Array.isArray(data.finished) ? data.finished : []).slice(-FINISHED_SHOWN).reverse();
+    const total = Number.isFinite(data.in_flight_total) ? data.in_flight_total : running.length;
+    requestRows($("#in-flight"), IN_FLIGHT_COLUMNS, running, "no request running now");
+    requestRows($("#finished"), FINISHED_COLUMNS, finished, "no request has ended yet");
+    $("#in-flight-note").textContent = total > running.length
+      ? `the oldest ${fmt(running.length, "count")} of ${fmt(total, "count")}` : `${fmt(total, "count")} now`;
+    const ended = Number.isFinite(data.ended) ? data.ended : finished.length;
+    $("#finished-note").textContent = `newest first: ${fmt(finished.length, "count")} of ${fmt(ended, "count")} ended`
+      + (Number.isFinite(data.kept) ? ` (the program keeps the newest ${fmt(data.kept, "count")}: gpuprobe.requests())`
+        : "");
+    const box = $("#requests");
+    box.hidden = false;
+    box.dataset.inFlight = String(total);
+    box.dataset.ended = String(ended);
+  }
+
+  async function pollRequests() {
+    try {
+      const resp = await fetch(REQUESTS_PATH, {cache: "no-store"});
+      if (resp.status === 404) return;  // a server without the table
+      if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+      renderRequests(await resp.json());
+      state.requests += 1;
+      document.body.dataset.requests = String(state.requests);
+      $("#requests-status").textContent = "";
+    } catch (err) {
+      $("#requests-status").textContent = `cannot read /requests (${err && err.message ? err.message : err}); retrying`;
+    }
+  }
+
+  // ---------------------------------------------------------------- polling
   function setStatus() {
     const status = $("#status");
     if (state.error) {
@@ -744,6 +912,7 @@
 
   async function poll() {
     const started = Date.now();
+    const requests = pollRequests();
     try {
       const resp = await fetch("/metrics", {headers: {Accept: ACCEPT}, cache: "no-store"});
       if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
@@ -760,6 +929,7 @@
     } catch (err) {
       state.error = err && err.message ? err.message : String(err);
     }
+    await requests;
     setStatus();
     setTimeout(poll, Math.max(0, POLL_MS - (Date.now() - started)));
   }
@@ -771,5 +941,5 @@
     }])),
     quantile,
   };
-  poll();
+  loadHistory().finally(poll);
 })();
