@@ -24,6 +24,23 @@ DCGM = {
                                      "both 0–1 (here from NVML's GPM: any-tensor utilization ÷ 100)"),
 }
 
+# The histograms whose buckets carry exemplars while traces are on (docs/tracing.md, "Exemplars"): metric →
+# (its series that carry them, the span each bucket names and the value it names it with). A test holds the
+# metrics to those a real run's exposition shows exemplars on.
+EXEMPLARS = {
+    "gen_ai.server.time_to_first_token": ('`clock="host"`', "the request's span, with its time to first token"),
+    "gen_ai.server.request.duration": ("every series (a failed request's, under its `error.type`, too)",
+                                       "the request's span, with its duration"),
+    "gpuprobe.inter_token.duration": ('`clock="host"`', "the request's span, with its longest gap between two "
+                                                        "tokens"),
+    "gpuprobe.request.queue.duration": ("every series (continuous batching)", "the request's span, with its time "
+                                                                              "in the queue"),
+    "gpuprobe.step.duration": ('`clock="host"`: `phase="decode"` of `generate()`; every phase of continuous '
+                               "batching", "`generate()`: the request's span, with its longest token gap (its "
+                               "slowest decode step, from token to token); continuous batching: the `scheduler "
+                               "step` span of a step that is one, with its host time"),
+}
+
 _SUFFIX = {"histogram": "_bucket / _sum / _count", "counter": "_total", "updown": "", "gauge": ""}
 _EMITTED = {"always": "always", "default": "unless opted in", "latest": "opted in (`gen_ai_latest_experimental`)"}
 
@@ -149,6 +166,20 @@ def render() -> str:
         "(steps it sat out, e.g. after a preemption, included). Its quantiles weigh a step by the requests",
         "it served, and its `_count` is the output tokens less one per request, no longer the decoding",
         "steps: count steps with `gpuprobe_step_duration_seconds_count{phase=~\"decode|mixed\"}`.",
+        "",
+        "## Exemplars",
+        "",
+        "While traces are on ([tracing.md](tracing.md)), the buckets of five latency histograms carry",
+        "exemplars: each bucket names the span of the latest request (or scheduler step) whose value fell in it,",
+        "by `trace_id` and `span_id`, with that value and when it was measured. A slow bucket on a dashboard then",
+        "leads to a slow request's span ([tracing.md](tracing.md#exemplars)). They are in the OpenMetrics",
+        "exposition (what Prometheus asks `/metrics` for; the text format 0.0.4 has no exemplars) and on the",
+        "OTLP histogram data points (with opentelemetry-sdk 1.28 and later). A span the sampler drops, or that",
+        "could not be sent, is no bucket's exemplar; with traces off, no bucket has one.",
+        "",
+        "| metric | series | a bucket's exemplar |",
+        "|---|---|---|",
+        *[f"| `{name}` | {series} | {what} |" for name, (series, what) in EXEMPLARS.items()],
         "",
         "## Generation modes: what a step is, and what each mode records",
         "",

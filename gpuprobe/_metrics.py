@@ -24,6 +24,7 @@ from typing import Any
 __all__ = [
     "Attribute",
     "Convention",
+    "Exemplar",
     "MetricSpec",
     "SPECS",
     "Registry",
@@ -394,6 +395,43 @@ SPECS: dict[str, MetricSpec] = dict(
         _spec("gpuprobe.gpu.tensor.activity", "gauge", "1",
               "GPU health (NVML GPM, Hopper and later): tensor-core activity over the last sample period",
               attributes=GPU),
+        # diffusers pipelines (gpuprobe.integrations.diffusers): per call, per denoising step, per component.
+        # A denoising step is one iteration of a pipeline's loop over its timesteps; its components add up to it.
+        _spec("gpuprobe.diffusion.call.duration", "histogram", "s",
+              "Duration of a whole diffusers pipeline call", REQUEST_BUCKETS, NS,
+              attributes=(MODEL, dataclasses.replace(ERROR_TYPE, note="on failure"))),
+        _spec("gpuprobe.diffusion.time_to_first_step", "histogram", "s",
+              "Diffusers: from a pipeline call's start to the end of its first denoising step (text encoding "
+              "and the first step included)", TTFT_BUCKETS, NS, attributes=(MODEL,)),
+        _spec("gpuprobe.diffusion.step.duration", "histogram", "s",
+              "Diffusers: time of one denoising step (steps per second = count ÷ sum)", PROBE_BUCKETS, NS,
+              attributes=(MODEL, CLOCK)),
+        _spec("gpuprobe.diffusion.component.duration", "histogram", "s",
+              "Diffusers: time of each component of a pipeline call; those of a denoising step (denoiser, "
+              "controlnet, scheduler, other) add up to the step", PROBE_BUCKETS, NS,
+              attributes=(MODEL, Attribute("component", values=("text_encoder", "denoiser", "controlnet", "scheduler",
+                                                                "other", "vae_encode", "vae_decode",
+                                                                "safety_checker")),
+                          Attribute("module", note="the pipeline's name for it: unet, transformer, text_encoder_2"),
+                          Attribute("branch", note="the denoiser's calls: cond/uncond where the pipeline runs them "
+                                                   "apart, batched for both in one forward",
+                                    values=("cond", "uncond", "batched", "other")), CLOCK)),
+        _spec("gpuprobe.diffusion.images", "counter", "{image}",
+              "Diffusers: images (videos, latents) returned by successful pipeline calls (images per second = rate)",
+              attributes=(MODEL,)),
+        _spec("gpuprobe.diffusion.component.memory.peak", "gauge", "By",
+              "Diffusers: the memory high-water mark at the end of a component of the call (and of the denoising "
+              "loop); with memory_peak_reset, the component's own peak", attributes=(
+                  MODEL, Attribute("component", values=("text_encoder", "denoiser", "vae_encode", "vae_decode",
+                                                        "safety_checker")),
+                  Attribute("module"), DEVICE)),
+        _spec("gpuprobe.diffusion.syncs", "counter", "{sync}",
+              "Diffusers: operations that force a device-to-host synchronisation, on audited denoising steps",
+              attributes=(MODEL, Attribute("component", values=("denoiser", "controlnet", "scheduler", "other")),
+                          Attribute("op", note="`aten::name`"))),
+        _spec("gpuprobe.diffusion.steps.audited", "counter", "{step}",
+              "Diffusers: denoising steps the sync audit counted (syncs per step = syncs ÷ audited steps)",
+              attributes=(MODEL,)),
     ]
 )
 
@@ -456,7 +494,7 @@ class Child:
 class HistogramChild(Child):
     """A fixed-bucket histogram; ``counts[i]`` counts values in ``(bounds[i-1], bounds[i]]``."""
 
-    __slots__ = ("bounds", "counts", "sum", "min", "max", "sinks")
+    __slots__ = ("bounds", "counts", "sum", "min", "max", "sinks", "exemplars")
 
     def __init__(self, family: Family, labels: Labels) -> None:
         super().__init__(family, labels)
@@ -466,6 +504,9 @@ class HistogramChild(Child):
         self.min: float = float("inf")
         self.max: float = float("-inf")
         self.sinks = family.sinks  # the registry's shared list, one attribute load away
+        # Per bucket, the latest observation offered with its span, (value, trace id, span id, time) as
+        # offer_exemplar takes them; None until the first offer.
+        self.exemplars: list[tuple[float, str, str, float] | None] | None = None
 
     @property
     def count(self) -> int:
@@ -516,6 +557,49 @@ class HistogramChild(Child):
             scaled = value * self.family.spec.scale
             for sink in sinks:
                 sink(self.family.spec.name, self.labels, scaled)
+
+    def offer_exemplar(self, value: float, trace_id: str, span_id: str, at: float) -> None:
+        """Make an observation of ``value`` (in the metric's unit) the exemplar of its bucket: it belongs to
+        the span ``span_id`` of the trace ``trace_id`` (hex), and was made at ``at`` (``time.time()``).
+
+        The bucket keeps the latest one. Any thread may offer, without the runtime's lock: the per-bucket
+        list is made once and each offer is one item store, which no reader sees half done (a list, not a
+        dict, so a snapshot copying it never meets one changing size). Nothing of :meth:`apply` changes.
+
+        Example:
+            >>> reg = Registry()
+            >>> child = reg.family("gen_ai.server.request.duration").child(**{"gen_ai.request.model": "m"})
+            >>> child.apply(30_000_000)  # 30 ms, in nanoseconds
+            >>> child.offer_exemplar(0.03, "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", 1.7e9)
+            >>> reg.snapshot()[0].points[0].exemplars[2].span_id
+            'b7ad6b7169203331'
+        """
+        slots = self.exemplars
+        if slots is None:
+            slots = self.exemplars = [None] * len(self.counts)
+        # Why a plain tuple, the Exemplar made at snapshot time: a request's four offers (on its thread, by the
+        # trace exporter) cost 1.8 us, 4.5 us with a frozen dataclass each (fastest of 15 rounds of 2,000
+        # requests, CPython 3.11, test CPU).
+        slots[self._bucket_of(value)] = (value, trace_id, span_id, at)
+
+    def withdraw_exemplar(self, value: float, span_id: str) -> None:
+        """Forget the exemplar of ``value``'s bucket if it is still the one of ``span_id`` (its span was
+        not sent after all: not sampled, or lost)."""
+        slots = self.exemplars
+        if slots is None:
+            return
+        index = self._bucket_of(value)
+        found = slots[index]
+        if found is not None and found[2] == span_id:
+            slots[index] = None
+
+    def _bucket_of(self, value: float) -> int:
+        """The bucket :meth:`apply` counts ``value`` (in the metric's unit) in."""
+        scale = self.family.spec.scale
+        raw = value / scale
+        if scale == NS:
+            raw = round(raw)  # the integer nanoseconds the bounds are kept in (see Family)
+        return bisect_left(self.bounds, raw)
 
 
 class CounterChild(Child):
@@ -618,6 +702,17 @@ class Family:
 
 
 @dataclasses.dataclass(frozen=True)
+class Exemplar:
+    """One observation a histogram bucket names: its value (in the metric's unit), the span it belongs to
+    (trace and span id, hex) and when it was made (``time.time()``)."""
+
+    value: float
+    trace_id: str
+    span_id: str
+    time: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Point:
     """One series at collection time, in the metric's unit."""
 
@@ -628,6 +723,8 @@ class Point:
     bucket_counts: tuple[int, ...] = ()  # per bucket, not cumulative; last is +Inf
     min: float = 0.0
     max: float = 0.0
+    # Per bucket (as bucket_counts), its exemplar or None; empty when no bucket has one.
+    exemplars: tuple[Exemplar | None, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -679,6 +776,7 @@ class Registry:
                     child.sum = 0
                     child.min = float("inf")
                     child.max = float("-inf")
+                    child.exemplars = None
                 else:
                     child.value = 0  # type: ignore[attr-defined]
                     child.touched = False  # type: ignore[attr-defined]
@@ -716,14 +814,25 @@ class Registry:
                     count = child.count
                     if count == 0:
                         continue
-                    points.append(Point(labels, count=count, sum=child.sum * scale,
-                                        bucket_counts=tuple(child.counts), min=child.min * scale,
-                                        max=child.max * scale))
+                    counts = tuple(child.counts)
+                    points.append(Point(labels, count=count, sum=child.sum * scale, bucket_counts=counts,
+                                        min=child.min * scale, max=child.max * scale,
+                                        exemplars=_exemplars(child.exemplars, counts)))
                 elif untouched or child.touched:  # type: ignore[attr-defined]
                     points.append(Point(labels, value=child.value * scale))  # type: ignore[attr-defined]
             if points:
                 out.append(MetricData(fam.spec, points))
         return out
+
+
+def _exemplars(slots: list[tuple[float, str, str, float] | None] | None,
+               counts: tuple[int, ...]) -> tuple[Exemplar | None, ...]:
+    """The exemplars a snapshot shows: each bucket's, once an observation is counted in it (an exemplar can
+    be offered before the runtime has drained its value); empty when none."""
+    if slots is None:
+        return ()
+    shown = tuple(Exemplar(*e) if e is not None and c else None for e, c in zip(tuple(slots), counts))
+    return shown if any(e is not None for e in shown) else ()
 
 
 def cumulative(counts: Sequence[int]) -> list[int]:

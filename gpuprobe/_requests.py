@@ -131,6 +131,10 @@ class RequestRecord:
     parent: Any = dataclasses.field(default=None, repr=False, compare=False)
     #: Figures still to come (a GPU's device time, continuous batching's shares): 0 once all are in.
     pending: int = dataclasses.field(default=0, repr=False, compare=False)
+    #: Traces on: the histogram series the request fed, each with the name of the field holding the value it
+    #: fed them (``(series, "ttft_s")``); its span becomes their exemplar for that value. Set by the
+    #: integration, prepared once per model; not exported.
+    exemplar_series: tuple[tuple[Any, str], ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     def device_read(self, ns: int) -> None:
         """The GPU reached the request's last step: its device time is ``ns``."""
@@ -162,7 +166,7 @@ class RequestRecord:
         return ", ".join(parts)
 
 
-_NOT_EXPORTED = frozenset({"parent", "pending"})
+_NOT_EXPORTED = frozenset({"parent", "pending", "exemplar_series"})
 
 
 def _plain(value: tuple[Any, ...]) -> list[Any]:

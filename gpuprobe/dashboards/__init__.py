@@ -45,7 +45,18 @@ from .cli import main
 from .doc_tables import gpu_panels_table, mapping_table
 from .files import DASHBOARD_DIR, PROMETHEUS_DIR, dashboard_files, prometheus_files
 from .grafana import fill, is_generate_only, is_gpu_only, json_panels, no_data_reason, regex_any, render
-from .model import GENERATE_ONLY, GPU_ONLY, NO_DATA_REASONS, NO_GENERATE_CALL, Dashboard, NoData, Panel, Row, Target
+from .model import (
+    EXEMPLARS_NOTE,
+    GENERATE_ONLY,
+    GPU_ONLY,
+    NO_DATA_REASONS,
+    NO_GENERATE_CALL,
+    Dashboard,
+    NoData,
+    Panel,
+    Row,
+    Target,
+)
 from .panels import dashboards, overview, ranks
 from .prometheus_api import (
     MAX_ANSWER_BYTES,
@@ -84,6 +95,7 @@ __all__ = [
     "LATENCIES",
     "GPU_ONLY",
     "GENERATE_ONLY",
+    "EXEMPLARS_NOTE",
     "NoData",
     "NO_DATA_REASONS",
     "NO_GENERATE_CALL",

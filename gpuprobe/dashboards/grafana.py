@@ -79,7 +79,8 @@ def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
                     "tooltip": {"mode": "multi", "sort": "desc"}},
         "targets": [{"refId": refs[i], "datasource": _DS, "expr": t.expr, "legendFormat": t.legend,
-                     "range": True, "instant": False, "editorMode": "code"}
+                     "range": True, "instant": False, "editorMode": "code",
+                     **({"exemplar": True} if t.exemplar else {})}
                     for i, t in enumerate(panel.targets)],
     }
 

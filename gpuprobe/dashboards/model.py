@@ -21,6 +21,7 @@ __all__ = [
     "NO_DATA_REASONS",
     "GENERATE_ONLY",
     "NO_GENERATE_CALL",
+    "EXEMPLARS_NOTE",
     "Target",
     "Panel",
     "Row",
@@ -89,9 +90,21 @@ made no ``generate()`` call: ``--verify`` asks Prometheus which they did (not on
 which hold whatever the workload)."""
 
 
+EXEMPLARS_NOTE = ("With traces on, the dots are exemplars: each is one request (or scheduler step) in a bucket of "
+                  "the histogram, and opens its span in the traces data source (docs/tracing.md, Exemplars).")
+"""What the description of a panel whose query shows exemplars adds (see :attr:`Target.exemplar`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     """One query of a panel: PromQL (with Grafana variables) and the legend of its series.
+
+    Attributes:
+        expr: the query.
+        legend: the legend of its series.
+        exemplar: Grafana also asks Prometheus for the exemplars of the histogram buckets the query reads
+            (a request's span per bucket, while traces are on), drawn as dots on the panel. The query must
+            read the ``_bucket`` series themselves: a recorded series has no exemplars.
 
     Example:
         >>> Target("sum(gpuprobe_generate_active)", "in flight").legend
@@ -100,6 +113,12 @@ class Target:
 
     expr: str
     legend: str
+    exemplar: bool = False
+
+    def __post_init__(self) -> None:
+        if self.exemplar and "_bucket" not in self.expr:
+            raise ValueError(f"target {self.legend!r}: exemplars come from _bucket series, which {self.expr!r} "
+                             "does not read")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from .._metrics import SPECS, prometheus_name
 from .model import (
+    EXEMPLARS_NOTE,
     GPU_ONLY,
     KERNEL_SAMPLING_OFF,
     LAYER_TIMING_OFF,
@@ -70,16 +71,32 @@ class Queries:
             return stat_expr(latency(metric), stat, "$__rate_interval", self.filters(metric, *extra))
         return recorded_name(metric, stat) + braces(self.filters(metric, *extra))
 
+    def exemplar_stat(self, metric: str, stat: str, *extra: str) -> str:
+        """A quantile of a latency histogram read from its ``_bucket`` series, so that Grafana finds their
+        exemplars: inline, over the recording rules' window (the same line as the recorded statistic)."""
+        if self.inline:
+            return self.stat(metric, stat, *extra)
+        return stat_expr(latency(metric), stat, WINDOW, self.filters(metric, *extra))
+
     def latency_targets(self, metric: str, *extra: str, stats: Sequence[str] = STATS, legend: str = "",
-                        ) -> tuple[Target, ...]:
-        """One target per statistic, each line labelled with the statistic and the rank."""
-        return tuple(Target(self.stat(metric, s, *extra), f"{legend}{s} · rank {{{{{RANK}}}}}") for s in stats)
+                        exemplars: str | None = None) -> tuple[Target, ...]:
+        """One target per statistic, each line labelled with the statistic and the rank; the one named by
+        ``exemplars`` reads the buckets themselves and shows their exemplars (:meth:`exemplar_stat`)."""
+        out = []
+        for s in stats:
+            shown = f"{legend}{s} · rank {{{{{RANK}}}}}"
+            if s == exemplars:
+                out.append(Target(self.exemplar_stat(metric, s, *extra), shown, exemplar=True))
+            else:
+                out.append(Target(self.stat(metric, s, *extra), shown))
+        return tuple(out)
 
 
-def _latency_description(what: str, metric: str) -> str:
-    return (f"{what}: p50, p95 and p99 from the histogram's buckets over {WINDOW} (recording rules in "
+def _latency_description(what: str, metric: str, exemplars: bool = False) -> str:
+    text = (f"{what}: p50, p95 and p99 from the histogram's buckets over {WINDOW} (recording rules in "
             f"{RULES_FILE}), and the mean (rate of the sum ÷ rate of the count). Series: "
             f"{prometheus_name(SPECS[metric])}.")
+    return f"{text} {EXEMPLARS_NOTE}" if exemplars else text
 
 
 def _no_data(reason: NoData, panels: tuple[Panel, ...]) -> tuple[Panel, ...]:
@@ -101,19 +118,20 @@ def _requests_row(q: Queries) -> Row:
             "From a request's arrival (the generate() call; add_request under continuous batching) to its "
             "first output token, by clock: host = when the host holds the token (what a client sees); device "
             "(GPUs only) = the GPU's own time for the request's work up to the step that selected the token "
-            "(continuous batching adds the host-measured queue wait before its first step)", ttft),
-              q.latency_targets(ttft, legend="{{clock}} "), "s"),
+            "(continuous batching adds the host-measured queue wait before its first step)", ttft, exemplars=True),
+              q.latency_targets(ttft, legend="{{clock}} ", exemplars="p99"), "s"),
         Panel("Inter-token latency", _latency_description(
             "Time between two consecutive output tokens of a request, one sample per output token after its "
             "first, by clock (host: as the host receives them; device, GPUs only: the device span of the step "
-            "that selected it)", itl),
-              q.latency_targets(itl, legend="{{clock}} "), "s"),
+            "that selected it)", itl, exemplars=True),
+              q.latency_targets(itl, legend="{{clock}} ", exemplars="p99"), "s"),
         Panel("Time per output token", _latency_description(
             "Per successful request of two tokens or more: (duration − time to first token) ÷ (output "
             "tokens − 1), the OpenTelemetry GenAI convention's definition", tpot),
               q.latency_targets(tpot), "s"),
         Panel("Request duration", _latency_description("Whole generate() calls that returned (failed calls are "
-                                                       "in Errors)", req), q.latency_targets(req), "s"),
+                                                       "in Errors)", req, exemplars=True),
+              q.latency_targets(req, exemplars="p99"), "s"),
         Panel("Tokens per second", "Input (prompt) and output (generated) tokens per second: the rate of the "
               "token-usage histogram's sum, which grows when each generate() call returns.",
               (Target(by_type, f"{{{{{TOKEN_TYPE}}}}}"),), "suffix: tok/s"),
@@ -179,7 +197,8 @@ def _serving_row(q: Queries) -> Row:
                     for stat in ("p50", "p95"))
     return Row("Serving (continuous batching)", _no_data(NO_CONTINUOUS_BATCHING, (
         Panel("Queue time", _latency_description("From a request's arrival to the first step that schedules it",
-                                                 queue), q.latency_targets(queue), "s"),
+                                                 queue, exemplars=True),
+              q.latency_targets(queue, exemplars="p99"), "s"),
         Panel("Requests running and waiting", "Requests the continuous-batching scheduler is running "
               "(prefilling or decoding) and those waiting for room in a batch or in the KV cache, read at "
               "each step. Waiting that stays above zero means the server is at capacity.",
@@ -217,8 +236,8 @@ def _steps_row(q: Queries) -> Row:
     phase = "{{phase}} "
     return Row("Generation steps", (
         Panel("Step time by phase (host clock)", "Mean and p95 of one forward step, prefill and decode, on the "
-              "host clock (what the caller waits for).",
-              q.latency_targets(step, 'clock="host"', stats=("mean", "p95"), legend=phase), "s"),
+              f"host clock (what the caller waits for). {EXEMPLARS_NOTE}",
+              q.latency_targets(step, 'clock="host"', stats=("mean", "p95"), legend=phase, exemplars="p95"), "s"),
         Panel("Step time by phase (device clock)", f"{GPU_ONLY} Mean and p95 of one forward step as a device "
               "span: the time the GPU took between the step's two CUDA events (read without synchronizing).",
               q.latency_targets(step, 'clock="device"', stats=("mean", "p95"), legend=phase), "s",
@@ -460,13 +479,14 @@ def ranks(inline: bool = False) -> Dashboard:
         "gpuprobe-ranks", "gpuprobe · ranks",
         "One line per rank: spot the rank that is slower, busier or fuller than the others.",
         (Row("Ranks", (
-            Panel("Decode step time p95 by rank (host clock)", "p95 of one decode step, per rank.",
-                  (Target(q.stat(step, "p95", *decode), per_rank),), "s"),
+            Panel("Decode step time p95 by rank (host clock)", f"p95 of one decode step, per rank. {EXEMPLARS_NOTE}",
+                  (Target(q.exemplar_stat(step, "p95", *decode), per_rank, exemplar=True),), "s"),
             Panel("Slowest rank ÷ fastest rank", "Mean decode step time of the slowest rank divided by the "
                   "fastest one's: 1 when ranks keep pace; a straggler pulls it up.",
                   (Target(spread, "slowest ÷ fastest"),), "none"),
             Panel("Inter-token latency p95 by rank", "p95 time between two consecutive output tokens as "
-                  "the host receives them, per rank.", (Target(q.stat(itl, "p95", 'clock="host"'), per_rank),), "s"),
+                  f"the host receives them, per rank. {EXEMPLARS_NOTE}",
+                  (Target(q.exemplar_stat(itl, "p95", 'clock="host"'), per_rank, exemplar=True),), "s"),
             Panel("Output tokens per second by rank", "Generated tokens per second, per rank.",
                   (Target(f"sum by ({RANK}) ({usage})", per_rank),), "suffix: tok/s"),
             Panel("Memory allocated by rank", "Allocated bytes per rank (process RSS on CPU).",

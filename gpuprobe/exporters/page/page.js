@@ -80,13 +80,33 @@
     return id;
   }
 
+  /** Where a sample line's series key (its name and labels) ends: the labels are read quote by quote, so
+   *  neither a "}" inside a value nor an OpenMetrics exemplar after the value (" # {...} v t") ends it. */
+  function keyEnd(line) {
+    const space = line.indexOf(" ");
+    const brace = line.indexOf("{");
+    if (brace < 0 || (space >= 0 && space < brace)) return space;
+    let quoted = false;
+    for (let i = brace + 1; i < line.length; i += 1) {
+      const c = line[i];
+      if (quoted) {
+        if (c === "\\") i += 1;
+        else if (c === '"') quoted = false;
+      } else if (c === '"') {
+        quoted = true;
+      } else if (c === "}") {
+        return line[i + 1] === " " ? i + 1 : -1;
+      }
+    }
+    return -1;
+  }
+
   /** The samples of a text or OpenMetrics body: an array indexed by series id (undefined: absent). */
   function parse(text) {
     const values = [];
     for (const line of text.split("\n")) {
       if (!line || line[0] === "#") continue;
-      const close = line.lastIndexOf("}");
-      const space = line.indexOf(" ", close < 0 ? 0 : close);
+      const space = keyEnd(line);
       if (space < 0) continue;
       const rest = line.slice(space + 1).trim().split(" ");
       values[idOf(line.slice(0, space))] = parseValue(rest[0]);

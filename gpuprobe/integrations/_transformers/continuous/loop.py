@@ -460,7 +460,7 @@ class Loop(RequestTracking):
         self.rows = []
         log = self.rt.requests
         if log.wants_parents and (self.prefills or self.index % STEP_SPANS_EVERY == 0):  # traces are on
-            shares.traced(log, self.index, self.step_t0, dur, phase)
+            shares.traced(log, self.index, self.step_t0, dur, phase, serving.step_host[phase].__self__)
         if tok is not None:
             # The forward's device span is the device inter-token latency of each next token it selects, and
             # the time its requests share.

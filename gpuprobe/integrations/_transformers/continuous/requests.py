@@ -95,11 +95,13 @@ class StepShares:
         self.rows = rows
         self.prefills = prefills  # requests with prompt tokens in the step
         self.target = target
-        self.trace: tuple[Any, int, int, int, int] | None = None  # (requests log, index, start ns, host ns, phase)
+        # (requests log, index, start ns, host ns, phase, the step's host-clock duration series)
+        self.trace: tuple[Any, int, int, int, int, Any] | None = None
 
-    def traced(self, log: Any, index: int, start_ns: int, host_ns: int, phase: int) -> None:
-        """Make the step a span too (``start_ns``: ``perf_counter_ns`` of its start)."""
-        self.trace = (log, index, start_ns, host_ns, phase)
+    def traced(self, log: Any, index: int, start_ns: int, host_ns: int, phase: int, series: Any = None) -> None:
+        """Make the step a span too (``start_ns``: ``perf_counter_ns`` of its start; ``series``: the step
+        duration series its host time fed, whose bucket the span becomes the exemplar of)."""
+        self.trace = (log, index, start_ns, host_ns, phase, series)
 
     def apply(self, ns: int) -> None:
         device = self.target is not None
@@ -126,12 +128,13 @@ class StepShares:
 
     def _step_span(self, device_ns: int | None, tokens: int) -> tuple[str, str]:
         """The step as a span: its ids, and its figures to the trace exporter (via the runtime's requests)."""
-        log, index, start_ns, host_ns, phase = self.trace  # type: ignore[misc]
+        log, index, start_ns, host_ns, phase, series = self.trace  # type: ignore[misc]
         rand = _random.getrandbits
         step = StepSpan(trace_id=f"{rand(128):032x}", span_id=f"{rand(64):016x}", index=index,
                         start_ns=start_ns + (time.time_ns() - perf_counter_ns()), host_ns=host_ns,
                         device_ns=device_ns, phase=("prefill", "decode", "mixed")[phase], tokens=tokens,
-                        prefill_tokens=sum(row[2] for row in self.rows), requests=[row[0] for row in self.rows])
+                        prefill_tokens=sum(row[2] for row in self.rows), requests=[row[0] for row in self.rows],
+                        series=series)
         log.step_ended(step)
         return step.trace_id, step.span_id
 
@@ -148,10 +151,11 @@ class StepSpan:
     (their records give the links, once they have ended)."""
 
     __slots__ = ("trace_id", "span_id", "index", "start_ns", "host_ns", "device_ns", "phase", "tokens",
-                 "prefill_tokens", "requests")
+                 "prefill_tokens", "requests", "series")
 
     def __init__(self, *, trace_id: str, span_id: str, index: int, start_ns: int, host_ns: int,
-                 device_ns: int | None, phase: str, tokens: int, prefill_tokens: int, requests: list[Req]) -> None:
+                 device_ns: int | None, phase: str, tokens: int, prefill_tokens: int, requests: list[Req],
+                 series: Any = None) -> None:
         self.trace_id = trace_id
         self.span_id = span_id
         self.index = index
@@ -162,6 +166,7 @@ class StepSpan:
         self.tokens = tokens
         self.prefill_tokens = prefill_tokens
         self.requests = requests
+        self.series = series  # the step duration series (host clock) its span is an exemplar of, or None
 
     def links(self) -> tuple[list[tuple[str, str]], bool]:
         """The (trace id, span id) of the requests it carried that have ended with ids, and whether all have."""
@@ -390,6 +395,15 @@ class RequestTracking:
         p50, longest = median_and_max(req.gaps) if req is not None else (None, None)
         sharing = self.prefix_sharing
         record_id = clean_request_id(rid) or ""
+        traced = self.rt.requests.wants_parents
+        exemplars: tuple[tuple[Any, str], ...] = ()
+        if traced:  # the series it fed, for its span's exemplars (four attribute reads: no label lookup)
+            serving = self.serving
+            requests = serving.request_series
+            failed = {"error": serving.req_failed, "cancelled": serving.req_cancelled}
+            duration = failed.get(reason, requests.request_ok)
+            exemplars = ((duration.__self__, "duration_s"), (requests.ttft.__self__, "ttft_s"),
+                         (serving.queue.__self__, "queue_s"), (serving.inter_token.__self__, "itl_max_s"))
         record = RequestRecord(
             request_id=record_id, model=self.serving.model_name, duration_s=dur / 1e9,
             kind="continuous_batching", batch_size=1, input_tokens=prompt_length,
@@ -404,8 +418,8 @@ class RequestTracking:
             started_at=now_wall() - dur / 1e9, ended_at=now_wall(),
             prefill_steps=tuple(req.prefill_steps) if req is not None else (),
             max_tokens=max_new_tokens(req.state) if req is not None else None,
-            steps_sampled=sampled_gaps(req.gaps) if req is not None and self.rt.requests.wants_parents else (),
-            parent=take_parent(record_id), pending=1 if req is not None else 0,
+            steps_sampled=sampled_gaps(req.gaps) if req is not None and traced else (),
+            parent=take_parent(record_id), pending=1 if req is not None else 0, exemplar_series=exemplars,
         )
         if req is not None:
             req.record = record

@@ -97,6 +97,11 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         # Why one prepared target: a decode step's device span feeds the step and the inter-token series;
         # building the pair per step costs 0.18 us (test CPU), needed only when a token may be undone.
         self.decode_span = steps.device_span(1, 1)
+        # Traces on: the series a call's record names for its span's exemplars, with the record's field of each
+        # one's value (its longest token gap stands for its slowest decode step too), prepared once.
+        self.exemplars_ok = ((self.request_series.request_ok.__self__, "duration_s"),
+                             (self.request_series.ttft.__self__, "ttft_s"), (steps.itl_host, "itl_max_s"),
+                             (steps.host[1].__self__, "itl_max_s"))
         self.c_forward = steps.component("forward")
         self.c_stopping = steps.component("stopping_criteria")
         self.c_streamer = steps.component("streamer")
@@ -327,6 +332,11 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         end = now_wall()
         temperature, top_p, top_k = ctx.sampling
         rid = ctx.request_id or new_request_id()
+        traced = self.rt.requests.wants_parents
+        exemplars = self.exemplars_ok if traced else ()
+        if traced and err is not None:  # the failed calls' duration series, by error type
+            failed = self.request_series.request_error(type(err).__qualname__).__self__
+            exemplars = ((failed, "duration_s"), *exemplars[1:])
         record = RequestRecord(
             request_id=rid, model=self.model_name, duration_s=dur / 1e9,
             kind="generate", batch_size=sequences or (ctx.rows[1] if ctx.rows is not None else None),
@@ -337,8 +347,8 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
             tpot_s=None if tpot is None else tpot / 1e9, itl_p50_s=p50, itl_max_s=longest,
             host_syncs=ctx.syncs if ctx.syncs >= 0 else None, started_at=end - dur / 1e9, ended_at=end,
             max_tokens=ctx.limit, temperature=temperature, top_p=top_p, top_k=top_k,
-            steps_sampled=sampled_gaps(ctx.gaps) if self.rt.requests.wants_parents else (),
-            parent=ctx.parent or take_parent(ctx.request_id),
+            steps_sampled=sampled_gaps(ctx.gaps) if traced else (),
+            parent=ctx.parent or take_parent(ctx.request_id), exemplar_series=exemplars,
         )
         tally = ctx.tally
         if tally is not None:
