@@ -629,7 +629,11 @@ def _rebind_all(rt: Runtime) -> None:
             for ref in site._wrappers:
                 wrapper = ref()
                 if wrapper is not None:
-                    _regenerate(wrapper, site)
+                    try:
+                        _regenerate(wrapper, site)
+                    except Exception as exc:  # gpuprobe's own failure: that wrapper keeps its variant
+                        site.rt.warn_once("rebind", f"gpuprobe: {site!r} keeps its previous settings "
+                                                    f"(rebinding raised {type(exc).__name__}: {exc})")
                     alive.append(ref)
             site._wrappers = alive
 
@@ -810,7 +814,7 @@ def _build(fn: Callable[..., Any], site: Probe, params: str, call: str, defaults
         source = _SYNC_BODY.format(params=params, call=call, **parts)
         namespace: dict[str, Any] = {}
         # The factory's globals are this module's, so `_on` and `_is_compiling` are read live.
-        exec(compile(source, f"<gpuprobe wrapper {fn.__qualname__}>", "exec"), globals(), namespace)
+        exec(compile(source, f"<gpuprobe wrapper {_callable_name(fn)}>", "exec"), globals(), namespace)
         factory = namespace["_gp_factory"]
         if len(_factories) < 1024:  # one per parameter list and parts: code's, but never without limit
             _factories[key] = factory

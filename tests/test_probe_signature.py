@@ -208,3 +208,21 @@ def test_a_declared_signature_stays_declared_on_the_wrapper() -> None:
     declared = different_defaults.__signature__  # type: ignore[attr-defined]
     assert PROBED["different defaults"].__signature__ is declared  # type: ignore[attr-defined]
     assert str(inspect.signature(PROBED["different defaults"])) == "(a, b=100, *, c=200)"
+
+
+def test_a_callable_object_without_a_qualified_name_is_wrapped_and_rebound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # An instance has no __qualname__; the wrapper's code is compiled afresh for it (no cached factory)
+    # when it is wrapped and again when a reconfiguration rebinds every wrapper.
+    from gpuprobe import _probe
+
+    monkeypatch.setattr(_probe, "_factories", {})
+    target = DeclaresASignature()
+    probed = probe(target)
+    assert getattr(probed, "__gpuprobe__", None) is not None, "the object was passed through, not wrapped"
+    _probe._factories.clear()
+    gpuprobe.configure(memory=True)
+    try:
+        assert _outcome(probed, (1, 2), {"k": 3}) == _outcome(target, (1, 2), {"k": 3})
+    finally:
+        gpuprobe.configure(memory=False)
