@@ -487,12 +487,17 @@ class Measurement:
             m.skipped = "another profiler records this thread (a profile window, kernel sampling, torch.profiler)"
             return
         rt = runtime()
-        steps = _LaunchSteps(recorder)
+        steps: _LaunchSteps | _LaunchCalls = _LaunchSteps(recorder)
+        if isinstance(recorder, _kernel_sampler._CpuLegacyRecorder):
+            try:
+                steps = _LaunchCalls(recorder, _torch())
+            except Exception as exc:
+                m.skipped = f"the steps cannot be marked in the autograd profiler on this torch: {exc!r}"
+                return
 
         def on_step(index: int) -> None:
             if threading.get_ident() == self._thread:
-                steps.step_started()
-                if steps.recording:
+                if steps.step_started():
                     rt.steps.mark_sampled(index)  # a session nobody reads: the step needs no ranges in it
 
         rt.add_step_hook(on_step)
@@ -838,7 +843,8 @@ class _Step:
 
 
 class _LaunchSteps:
-    """Each step of the block's thread recorded on its own; parsed once the block is over."""
+    """Each step of the block's thread recorded on its own by torch.profiler (CUDA kernels, or without
+    CUDA the kineto CPU trace where torch has no autograd-profiler CPU state); parsed once the block is over."""
 
     def __init__(self, recorder: Any) -> None:
         self.recorder = recorder
@@ -851,12 +857,14 @@ class _LaunchSteps:
             self.recording = False
             self.current[-1] = self.recorder.stop()
 
-    def step_started(self) -> None:
+    def step_started(self) -> bool:
+        """A step of the block's thread starts: record it; returns whether it is recorded."""
         self._stop()
         self.current.append(None)
         if not self.recorder.busy():
             self.recorder.start()
             self.recording = True
+        return self.recording
 
     def call_ended(self) -> None:
         self._stop()
@@ -869,48 +877,165 @@ class _LaunchSteps:
 
         parts: list[Part] = []
         unrecorded = 0
+        category = categorize_cpu_op if self.recorder.cpu_ops else categorize_kernel
         for c, steps in enumerate(self.calls):
             for s, raw in enumerate(steps[1:-1], start=1):
                 if raw is None:
                     unrecorded += 1
                     continue
-                names = self._names(raw)
-                by: dict[str, int] = {}
-                category = categorize_cpu_op if self.recorder.cpu_ops else categorize_kernel
-                for name in names:
-                    cat = category(name)
-                    by[cat] = by.get(cat, 0) + 1
-                parts.append(Part(f"call {c + 1}, step {s}", by, len(names)))
+                names = [name for name, _ns in self.recorder.events(raw)]
+                parts.append(Part(f"call {c + 1}, step {s}", _by_category(names, category), len(names)))
         return parts, unrecorded
 
-    def _names(self, raw: Any) -> list[str]:
-        if isinstance(raw, list) and raw and isinstance(raw[0], list):  # the autograd profiler's CPU state
-            return _legacy_operators(raw)
-        return [name for name, _ns in self.recorder.events(raw)]
+
+_STEP_MARK = "gpuprobe.budget.step"
+"""The range :class:`_LaunchCalls` opens and closes at each step start, in its session only."""
 
 
-def _legacy_operators(threads: list[list[Any]]) -> list[str]:
-    """The computing ATen operators of the autograd profiler's push/pop events, one per run.
+class _LaunchCalls:
+    """The block's thread recorded by the autograd profiler's CPU state, one session a ``generate()`` call:
+    from its first decode step's start to the call's end, an empty ``gpuprobe.budget.step`` range at each
+    step start telling the steps apart. Parsed once the block is over; the prefill is not recorded.
+
+    Why a session a call and not one a step: a session's cost is mostly per operator it records (recording
+    ~1.7 us, stopping ~2.3 us, reading ~1 us, for the ~1,700 operators of a decode step of a Llama 512 x 8);
+    what a session a step adds on top is its start and stop, which on a step of ~1 ms (a Llama 64 x 2,
+    ~300 operators) is a third of the count's cost (benchmarks/RESULTS-budget.md). The steps are told
+    apart by a range in the same record, not by clocks: each operator falls in the step it ran in.
+    """
+
+    def __init__(self, recorder: Any, torch: Any) -> None:
+        from .._torch_caps import record_function_ops
+
+        ops = record_function_ops(torch)  # AttributeError on a torch without them: the caller skips the count
+        self.recorder = recorder
+        self._enter, self._exit, self._no_torch_function = ops.enter, ops.exit, ops.no_torch_function
+        self.recording = False
+        self.steps = 0  # step starts in the running call
+        self.calls: list[tuple[Any, int]] = []  # per call: (its session's record or None, its step starts)
+
+    def step_started(self) -> bool:
+        """A step of the block's thread starts: mark it in the call's session (started at its second step);
+        returns whether it is recorded."""
+        self.steps += 1
+        if self.steps == 2 and not self.recording and not self.recorder.busy():
+            self.recorder.start()
+            self.recording = True
+        if self.recording:
+            handle = self._enter(_STEP_MARK, None)
+            with self._no_torch_function():
+                self._exit(handle)
+        return self.recording
+
+    def call_ended(self) -> None:
+        raw = None
+        if self.recording:
+            self.recording = False
+            try:
+                raw = self.recorder.stop()
+            except Exception:  # a session stopped by someone else: the call's steps count as not recorded
+                raw = None
+        if self.steps:
+            self.calls.append((raw, self.steps))
+        self.steps = 0
+
+    def decode_parts(self) -> tuple[list[Part], int]:
+        from .._kernel_names import categorize_cpu_op
+
+        parts: list[Part] = []
+        unrecorded = 0
+        for c, (raw, steps) in enumerate(self.calls):
+            decode = max(0, steps - 2)  # the steps after the prefill and before the last
+            counted = _legacy_steps(raw) if raw is not None else []
+            if len(counted) != steps - 1:  # not recorded, or not from its first decode step on
+                unrecorded += decode
+                continue
+            for s, names in enumerate(counted[:decode], start=1):
+                parts.append(Part(f"call {c + 1}, step {s}", _by_category(names, categorize_cpu_op), len(names)))
+        return parts, unrecorded
+
+
+def _by_category(names: list[str], category: Callable[[str], str]) -> dict[str, int]:
+    """Operator or kernel names counted by category (each distinct name categorized once)."""
+    by_name: dict[str, int] = {}
+    for name in names:
+        by_name[name] = by_name.get(name, 0) + 1
+    by: dict[str, int] = {}
+    for name, n in by_name.items():
+        cat = category(name)
+        by[cat] = by.get(cat, 0) + n
+    return by
+
+
+def _legacy_steps(threads: list[list[Any]]) -> list[list[str]]:
+    """The computing ATen operators of each step of an autograd-profiler session, one per run.
+
+    Args:
+        threads: ``_disable_profiler_legacy()``'s result: one list of push/pop events per thread, in order.
+            A step starts at each push of :data:`_STEP_MARK` on the thread that marks them; an operator of
+            another thread falls in the step whose mark started last before it.
 
     Why not the kernel sampler's self times: an operator the sync audit runs again underneath itself
     (its PreDispatch kernel calls it once more, the key excluded) is recorded twice, nested; counted
-    once here, so that the count is the same whether the syncs are audited in the same block or not.
+    once here (an operator directly inside one of the same name), so that the count is the same whether
+    the syncs are audited in the same block or not.
     """
     from .._kernel_sampler import _METADATA_NAMES
 
-    out: list[str] = []
+    skip = _METADATA_NAMES
+    steps: list[list[str]] = []
+    starts: list[float] = []  # each mark's start (us): the steps of the other threads' operators
+    unmarked: list[list[Any]] = []
     for evs in threads:
+        if not evs:
+            continue
+        event = type(evs[0])
+        # Why the methods looked up once and the parent's name kept in a local: this loop runs over every
+        # push and pop of the call (~3,400 a step of a Llama 512 x 8), each accessor a call into C++.
+        kind_of, name_of = event.kind, event.name
         stack: list[str] = []
+        top = ""
+        current: list[str] | None = None
         for e in evs:
-            kind = e.kind()
+            kind = kind_of(e)
             if kind == "push":
-                name = e.name()
-                if name.startswith("aten::") and name not in _METADATA_NAMES and (not stack or stack[-1] != name):
-                    out.append(name)
-                stack.append(name)
+                name = name_of(e)
+                if name == _STEP_MARK:
+                    current = []
+                    steps.append(current)
+                    starts.append(e.start_us())
+                elif current is not None and name != top and name.startswith("aten::") and name not in skip:
+                    current.append(name)
+                stack.append(top)
+                top = name
             elif kind == "pop" and stack:
-                stack.pop()
-    return out
+                top = stack.pop()
+        if current is None:
+            unmarked.append(evs)
+    if starts:
+        for evs in unmarked:
+            _add_by_time(evs, starts, steps, skip)
+    return steps
+
+
+def _add_by_time(evs: list[Any], starts: list[float], steps: list[list[str]], skip: frozenset[str]) -> None:
+    """The computing operators of a thread without step marks, each into the step that had started when it did."""
+    import bisect
+
+    stack: list[str] = []
+    top = ""
+    for e in evs:
+        kind = e.kind()
+        if kind == "push":
+            name = e.name()
+            if name != top and name.startswith("aten::") and name not in skip:
+                i = bisect.bisect_right(starts, e.start_us()) - 1
+                if i >= 0:
+                    steps[i].append(name)
+            stack.append(top)
+            top = name
+        elif kind == "pop" and stack:
+            top = stack.pop()
 
 
 class _PythonCalls:
