@@ -448,7 +448,7 @@ class SyncSites:
         inside = f" (inside transformers at {via})" if via is not None else ""
         try:
             # a leaf table; read on a first sighting only
-            from .experiment.remedies import FACTORY_EXAMPLE, FACTORY_WORDS, variant_for_sync_site
+            from ._remedies import FACTORY_EXAMPLE, FACTORY_WORDS, variant_for_sync_site
 
             variant = variant_for_sync_site(where[0], where[1])
             measure = (f"; gpuprobe try {FACTORY_EXAMPLE} --variants {variant} measures the run without it "

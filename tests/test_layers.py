@@ -56,9 +56,19 @@ def test_a_back_edge_is_found() -> None:
     graph = {"gpuprobe.runtime": {"gpuprobe.integrations.transformers"}, "gpuprobe.integrations.kit":
              {"gpuprobe.integrations._transformers.series"}, "gpuprobe._sync_audit": {"gpuprobe.experiment.remedies"}}
     assert back_edges(graph, layers) == [
+        "gpuprobe._sync_audit (layer 1) imports gpuprobe.experiment.remedies (layer 6)",
         "gpuprobe.integrations.kit (layer 3) imports gpuprobe.integrations._transformers.series (layer 5)",
         "gpuprobe.runtime (layer 2) imports gpuprobe.integrations.transformers (layer 5)",
     ]
+
+
+def test_the_offline_tools_lend_no_module_to_the_layers_below() -> None:
+    layers = layer_table(DOC.read_text(encoding="utf-8"))
+    top = max(layers.values())
+    tools = [name for name, layer in layers.items() if layer == top]
+    lent = sorted(name for name, layer in layers.items()
+                  if layer < top and any(name.startswith(tool + ".") for tool in tools))
+    assert lent == []
 
 
 # -- the parts list ----------------------------------------------------------------------------------

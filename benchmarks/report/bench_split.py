@@ -2,7 +2,7 @@
 
 For each plain kineto trace given, in alternating rounds (medians, spread in brackets):
 
-- **one process**: the report's pass (``KinetoTrace.raw_batches`` into ``TraceScan.consume_raw``) over the
+- **one process**: the report's pass (``KinetoTrace.field_batches`` into ``TraceScan.consume_batches``) over the
   whole file;
 - **two processes at once**: the same pass over the head and over the tail of the file (split at the
   first element of ``traceEvents`` after the middle byte, read with ``Part``), each then pickling its scan
@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import pickle, sys, time
 sys.path.insert(0, sys.argv[1])
-from gpuprobe.report._kineto import KinetoTrace, Part
+from gpuprobe.report._kineto import KinetoTrace
+from gpuprobe.report._split import Part
 from gpuprobe.report._scan import TraceScan
 path, which, at = sys.argv[2], sys.argv[3], int(sys.argv[4])
 trace = KinetoTrace(path, "kineto-json")
@@ -46,7 +47,7 @@ else:
     from gpuprobe.report._events import TraceInfo
     trace.info = TraceInfo("kineto")
     part = Part(which == "tail", at, "{")
-    scan.consume_raw(trace.raw_batches(part=part, meta={}), trace.refused)
+    scan.consume_batches(trace.field_batches(part=part, meta={}))
     size = len(pickle.dumps(scan, protocol=pickle.HIGHEST_PROTOCOL))
 print("cpu_s", time.process_time() - t0, "pickle_mb", size / 2**20, "ops", len(scan.ops))
 """

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import gpuprobe
+from gpuprobe._stats import median
 from gpuprobe.profiling import KernelSampler, profile
 from gpuprobe.runtime import runtime
 from gpuprobe.testing import InMemoryExporter, Observation
@@ -101,14 +102,6 @@ class Audit:
 
     syncs: Syncs | None
     launches_per_step: float | None
-
-
-def _median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 class Meter:
@@ -231,7 +224,7 @@ class Meter:
             inter = values("gpuprobe.inter_token.duration", clock="device")
             tpot: float | None = sum(inter) / len(inter)
         else:
-            tpot = _median(values("gen_ai.server.time_per_output_token"))
+            tpot = median(values("gen_ai.server.time_per_output_token"))
         prefill = clocked("gpuprobe.step.duration", phase="prefill")
         decode = clocked("gpuprobe.step.duration", phase="decode")
         components: dict[tuple[str, str], float] = defaultdict(float)
@@ -243,7 +236,7 @@ class Meter:
         return CallFigures(
             clock=self.clock,
             call_s=call_s,
-            ttft_s=_median(clocked("gen_ai.server.time_to_first_token")),
+            ttft_s=median(clocked("gen_ai.server.time_to_first_token")),
             tpot_s=tpot,
             prefill_s=sum(prefill) if prefill else None,
             decode_s=sum(decode) if decode else None,

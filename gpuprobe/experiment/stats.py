@@ -1,4 +1,5 @@
-"""The statistics of an experiment: medians with their spread, and a verdict only past the spread.
+"""The statistics of an experiment: medians with their spread (:mod:`gpuprobe._stats`), and a verdict only
+past the spread.
 
 Variants are measured in rounds (every variant once per round, the order rotated), so each round
 gives one ratio of a variant against the baseline measured a moment apart: drifts of the machine
@@ -20,8 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from collections.abc import Sequence
+
+from gpuprobe._stats import Spread, spread
 
 __all__ = ["MIN_ROUNDS", "ALPHA", "Spread", "Comparison", "spread", "compare", "sign_test"]
 
@@ -33,51 +35,6 @@ ALPHA = 0.01
 MIN_ROUNDS = 7
 
 FASTER, SLOWER, SAME, TOO_FEW = "faster", "slower", "no difference", "too few rounds"
-
-
-@dataclasses.dataclass(frozen=True)
-class Spread:
-    """The median of some values and how far they spread: min, max and the quartiles.
-
-    Example:
-        >>> s = spread([4, 1, 3, 2]); (s.median, s.min, s.max, s.q1, s.q3)
-        (2.5, 1, 4, 1.75, 3.25)
-    """
-
-    median: float
-    min: float
-    max: float
-    q1: float
-    q3: float
-    n: int
-
-    @property
-    def relative_range(self) -> float:
-        """(max − min) ÷ median; 0 for a zero median."""
-        return (self.max - self.min) / abs(self.median) if self.median else 0.0
-
-    def to_dict(self) -> dict[str, float]:
-        return {"median": self.median, "min": self.min, "max": self.max, "q1": self.q1, "q3": self.q3, "n": self.n}
-
-
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    pos = (len(ordered) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def spread(values: Sequence[float]) -> Spread:
-    """Median, min, max and quartiles (linear interpolation, numpy's default) of ``values``.
-
-    Raises:
-        ValueError: no values.
-    """
-    if not values:
-        raise ValueError("spread() of no values")
-    ordered = sorted(values)
-    return Spread(median=statistics.median(ordered), min=ordered[0], max=ordered[-1], q1=_quantile(ordered, 0.25),
-                  q3=_quantile(ordered, 0.75), n=len(ordered))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,9 +2,9 @@
 computes the sections of the registry (:mod:`gpuprobe.report.sections`) from it.
 
 The pass (:class:`~gpuprobe.report._scan.TraceScan`) keeps compact columns and per-name
-aggregates; each section computes from a :class:`~gpuprobe.report._context.Context` over them
+aggregates; each section computes from a :class:`~gpuprobe.report._section.Context` over them
 (numpy columns for large traces, their plain-Python twin for small ones). With findings asked for,
-every section is computed, the rules read them and the evidence of :mod:`gpuprobe.report._diagnosis`,
+every section is computed, the rules read them and the evidence of :mod:`gpuprobe.report._evidence`,
 and the sections not asked for are dropped.
 """
 
@@ -17,13 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuprobe.errors import ConfigError
-from gpuprobe.report._context import BACKENDS, DEFAULT_STEP_PATTERN, PROFILER_STEP_PATTERN, Context, Options
-from gpuprobe.report._diagnosis import gather
 from gpuprobe.report._events import TraceInfo
+from gpuprobe.report._evidence import gather
+from gpuprobe.report._executors import usable_cpus
 from gpuprobe.report._findings import evaluate, parse_thresholds
-from gpuprobe.report._split import feed as split_feed
-from gpuprobe.report._split import usable_cpus
 from gpuprobe.report._scan import TraceScan
+from gpuprobe.report._section import BACKENDS, DEFAULT_STEP_PATTERN, PROFILER_STEP_PATTERN, Context, Options
 from gpuprobe.report.loaders import Trace, load
 from gpuprobe.report.schema import Report
 from gpuprobe.report.sections import REGISTRY, SECTIONS
@@ -99,7 +98,7 @@ def analyze(
     )
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ConfigError(f"jobs must be a whole number of at least 1, not {jobs!r}")
-    split_feed(trace, scan, progress, processes=jobs if jobs is not None else usable_cpus())
+    trace.feed(scan, progress, processes=jobs if jobs is not None else usable_cpus())
     options = Options(
         top=top,
         step_pattern=step_pattern,

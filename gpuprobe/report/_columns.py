@@ -19,10 +19,10 @@ Running sums over those orders (``cum_*``) turn the total of a window into two l
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from gpuprobe._stats import Spread, quantile, spread
 from gpuprobe.report._scan import GpuOpKind
 
 __all__ = [
@@ -72,17 +72,6 @@ class KernelGroup:
         self.median_ns = median_ns
         self.min_ns = min_ns
         self.max_ns = max_ns
-
-
-class Spread:
-    """p10, median and p90 of some values (linear interpolation, rounded to whole numbers)."""
-
-    __slots__ = ("p10", "median", "p90")
-
-    def __init__(self, *, p10: int, median: int, p90: int) -> None:
-        self.p10 = p10
-        self.median = median
-        self.p90 = p90
 
 
 class DelayStats:
@@ -198,34 +187,15 @@ class ByThread(Protocol):
         """Positions, within ``bounds``, of the rows whose start lies in ``[start, end)``."""
 
 
-def quantile(sorted_values: Sequence[Any], q: float) -> float:
-    """Linear-interpolation quantile of sorted values (numpy's default method).
-
-    Example:
-        >>> quantile([1, 2, 3, 4], 0.5), quantile([10, 20], 0.9)
-        (2.5, 19.0)
-    """
-    n = len(sorted_values)
-    pos = (n - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, n - 1)
-    a, b = sorted_values[lo], sorted_values[hi]
-    # Whole numbers (numpy's too) as Python ints, so large nanosecond values never lose digits; a fraction
-    # (a per-token figure) stays one: truncating it first moved a per-token median by more than 1 ns.
-    a = a if isinstance(a, float) else int(a)
-    b = b if isinstance(b, float) else int(b)
-    return a + (b - a) * (pos - lo)
-
-
 def spread_of(sorted_values: Sequence[Any]) -> Spread:
-    """p10, median and p90 of sorted values, rounded to whole numbers.
+    """The spread of sorted values (a numpy array too), rounded to whole numbers: the report reads its
+    p10, median and p90.
 
     Example:
         >>> s = spread_of([0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]); (s.p10, s.median, s.p90)
         (10, 50, 90)
     """
-    p10, median, p90 = (int(round(quantile(sorted_values, q))) for q in (0.1, 0.5, 0.9))
-    return Spread(p10=p10, median=median, p90=p90)
+    return spread(sorted_values, ordered=True).rounded()
 
 
 def union_of(pairs: list[tuple[int, int]]) -> int:

@@ -11,8 +11,8 @@ from typing import Any
 from gpuprobe.errors import ConfigError
 from gpuprobe.report._analysis import analyze
 from gpuprobe.report._columns import spread_of
-from gpuprobe.report._context import DiffRow, diff_row, known_sum, spread_width
 from gpuprobe.report._findings import order, parse_thresholds
+from gpuprobe.report._section import DiffRow, diff_row, known_sum, spread_width
 from gpuprobe.report._tables import Column, Table, Unit, format_ns
 from gpuprobe.report.schema import Finding, RangesSection, RangeStat, Report
 from gpuprobe.report.sections import BY_NAME, GPU_ONLY, REGISTRY

@@ -9,14 +9,14 @@ Findings are ordered by the time at stake (``evidence["at_stake_ns"]``), then se
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gpuprobe._kernel_names import short_kernel_name
+from gpuprobe._remedies import remedy_line
+from gpuprobe._stats import median
 from gpuprobe.errors import ConfigError
-from gpuprobe.experiment.remedies import remedy_line
-from gpuprobe.report._diagnosis import (
+from gpuprobe.report._evidence import (
     BMM_OPS,
     FUSED_ATTENTION_OPS,
     GENERATE_LOOP,
@@ -25,7 +25,7 @@ from gpuprobe.report._diagnosis import (
     STOP_CHECK_FUNCTION,
     STOPPING_CRITERION,
     Evidence,
-    median,
+    float_median,
 )
 from gpuprobe.report.schema import SEVERITIES, Finding, Report
 
@@ -267,7 +267,7 @@ def _role_totals(ev: Any, role: str) -> tuple[int, int]:
 def _quiet(ev: Any, stop_calls: int, t: dict[str, float]) -> tuple[bool, float | None]:
     """Whether the syncs besides the stopping check stay under the thresholds; their median per step."""
     if ev.per_step:
-        others = median([a - b for a, b in zip(ev.per_step, ev.stop_check_per_step)])
+        others = float_median([a - b for a, b in zip(ev.per_step, ev.stop_check_per_step)])
         return others is not None and others < t["host_sync.per_step"], others
     return ev.calls - stop_calls < t["host_sync.calls"], None
 
@@ -286,9 +286,9 @@ def host_sync(c: _Context) -> Finding | None:
     if quiet:
         if not stop_calls:
             return None
-        stop_per_step = median(ev.stop_check_per_step) if ev.stop_check_per_step else None
+        stop_per_step = float_median(ev.stop_check_per_step) if ev.stop_check_per_step else None
         return _stop_check_finding(stop_calls, stop_per_step, stop_ns, would=not gpu)
-    per_step = median(ev.per_step) if ev.per_step else None
+    per_step = float_median(ev.per_step) if ev.per_step else None
     where = f" ({per_step:g} per step)" if per_step is not None else ""
     remedy = _sync_remedy(ev.roles, stop_calls)
     if not gpu:
@@ -457,10 +457,10 @@ def launch_bound(c: _Context) -> Finding | None:
     shares = [r.busy_ns / r.window_ns for r in idle.rows if r.window_ns]
     if not shares:
         return None
-    busy_share = statistics.median(shares)
+    busy_share = median(shares)
     idle_total = idle.idle_launch_ns + idle.idle_sync_ns + idle.idle_other_ns
     launch_share = idle.idle_launch_ns / idle_total if idle_total else 0.0
-    kernels = median([r.kernels for r in c.steps]) if c.steps else c.report.summary.kernel_count
+    kernels = float_median([r.kernels for r in c.steps]) if c.steps else c.report.summary.kernel_count
     if (
         busy_share >= c.t["launch_bound.busy_share"]
         or launch_share < c.t["launch_bound.launch_idle_share"]
@@ -509,7 +509,7 @@ def launch_bound(c: _Context) -> Finding | None:
         return finding  # not launch-bound: cuda_graphs and small_kernels do not build on it
     if eager is not None:  # graph replays in the steps: the launches outside them are the evidence
         n_steps = max(1, len(eager.per_step))
-        outside = median(eager.per_step) or 0
+        outside = float_median(eager.per_step) or 0
         graph_share = eager.node_kernel_ns / eager.kernel_ns if eager.kernel_ns else 0.0
         if graph_share >= c.t["launch_bound.graph_share"]:
             severity = "warning"
@@ -517,7 +517,7 @@ def launch_bound(c: _Context) -> Finding | None:
         by_place = {p: round(n / n_steps, 2) for p, n in places}
         top = ", ".join(f"{p} {v:g}" for p, v in list(by_place.items())[:4])
         evidence.update(
-            graph_replays_per_step=median(c.ev.graph_launches_per_step),
+            graph_replays_per_step=float_median(c.ev.graph_launches_per_step),
             launches_outside_graphs_per_step=outside,
             outside_graphs_by_place_per_step=by_place,
             graph_kernel_share=graph_share,
@@ -640,7 +640,7 @@ def logits_processor_share(c: _Context) -> Finding | None:
 def _quarters(values: list[int]) -> tuple[float, float]:
     """Medians of the first and the last quarter (medians: a step slowed by something else is no trend)."""
     q = max(2, len(values) // 4)
-    return statistics.median(values[:q]), statistics.median(values[-q:])
+    return median(values[:q]), median(values[-q:])
 
 
 def kv_cache_concat(c: _Context) -> Finding | None:
@@ -659,9 +659,9 @@ _STATIC_CACHE_REMEDY = (
 
 def _concat_per_step(c: _Context, cc: Any) -> Finding | None:
     """A dynamic cache's concatenations, step by step: as many per layer as keys and values, no in-place writes."""
-    per_step = median(cc.count) or 0
-    in_place = median(cc.in_place) or 0
-    layers = median(cc.layers) if cc.layers else None
+    per_step = float_median(cc.count) or 0
+    in_place = float_median(cc.in_place) or 0
+    layers = float_median(cc.layers) if cc.layers else None
     base = sum(cc.base_ns)
     share = sum(cc.ns) / base if base else 0.0
     need = c.t["kv_cache_concat.per_layer"] * (layers or 1)
@@ -756,7 +756,7 @@ def _concat_growth(c: _Context, cc: Any) -> Finding | None:
 def cuda_graphs(c: _Context) -> Finding | None:
     ev = c.ev
     if ev.graph_launches:
-        per_step = median(ev.graph_launches_per_step) if ev.graph_launches_per_step else None
+        per_step = float_median(ev.graph_launches_per_step) if ev.graph_launches_per_step else None
         if not ev.graph_node_ops:
             return _finding(
                 "cuda_graphs",
@@ -769,7 +769,7 @@ def cuda_graphs(c: _Context) -> Finding | None:
                 per_step=per_step,
                 node_ops=0,
             )
-        outside = median(ev.eager.per_step) if ev.eager is not None else None
+        outside = float_median(ev.eager.per_step) if ev.eager is not None else None
         title = f"CUDA graphs replayed {ev.graph_launches:,} times" + (
             f" ({per_step:g} per step)" if per_step is not None else ""
         )

@@ -36,7 +36,7 @@ import json
 import re
 import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from decimal import Decimal
 from typing import IO, Any
 
@@ -53,11 +53,14 @@ from gpuprobe.report._events import (
     RANGE,
     RUNTIME,
     Event,
+    EventFields,
     FloatText,
     int_or,
     TraceInfo,
     us_to_ns,
 )
+import gpuprobe.report._split as _split
+from gpuprobe.report._split import BoundaryMissed, Part, open_part
 from gpuprobe.report._trace import Progress, Trace
 
 __all__ = [
@@ -66,6 +69,8 @@ __all__ = [
     "iter_raw_text",
     "iter_raw_ijson",
     "to_event",
+    "fields_batches",
+    "Refused",
     "cpu_op_counts",
     "COUNTED_OPS",
     "CAT_KIND",
@@ -74,9 +79,6 @@ __all__ = [
     "typed_decoder",
     "TraceFormatError",
     "TruncatedTrace",
-    "BoundaryMissed",
-    "Part",
-    "open_part",
     "MalformedEventError",
     "UnreadPhase",
     "DurationReadAsZero",
@@ -111,53 +113,6 @@ class TraceFormatError(Exception):
 
 class TruncatedTrace(TraceFormatError):
     """The stream ends inside a value, or where one was expected."""
-
-
-class BoundaryMissed(Exception):
-    """The head of a split trace (:class:`Part`) does not end where an element of ``traceEvents`` starts."""
-
-
-class Part:
-    """A part of a plain kineto file, for a pass split over processes at byte ``at``, the start of an
-    element of ``traceEvents`` (where the caller believes one starts).
-
-    The head (``tail`` false) is the file up to ``at``: it must end where an element starts, else
-    reading it raises :class:`BoundaryMissed`. The tail starts there, inside ``traceEvents``, whose
-    top-level value is ``top`` (``"{"`` or ``"["``, the bare array of events); it reads the rest of
-    that array and of the top-level value. Positions in the errors of a tail count from ``at``.
-    """
-
-    __slots__ = ("tail", "at", "top")
-
-    def __init__(self, tail: bool, at: int, top: str = "{") -> None:
-        self.tail = tail
-        self.at = at
-        self.top = top
-
-
-class _Head(io.RawIOBase):
-    """The first ``size`` bytes of a binary file."""
-
-    def __init__(self, raw: IO[bytes], size: int) -> None:
-        self.raw = raw
-        self.left = size
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer)[: self.left]
-        n = self.raw.readinto(view)  # type: ignore[attr-defined]
-        self.left -= n
-        return n
-
-
-def open_part(raw: IO[bytes], part: Part) -> IO[bytes]:
-    """The bytes of ``part`` of the plain trace ``raw`` (a binary file at its start)."""
-    if part.tail:
-        raw.seek(part.at)
-        return raw
-    return io.BufferedReader(_Head(raw, part.at), _CHUNK)  # type: ignore[arg-type]
 
 
 class _Utf8:
@@ -1137,6 +1092,133 @@ def number_to_int(value: Any) -> int | None:
     return None
 
 
+#: What a pass does with an element :func:`to_event` refuses: the event to fold instead, or None
+#: (:meth:`KinetoTrace.refused`, which counts it).
+Refused = Callable[[Any, Exception], "Event | None"]
+
+
+def fields_batches(batches: Iterable[list[Any]], refused: Refused | None = None) -> Iterator[list[Event | EventFields]]:
+    """The events of lists of elements of ``traceEvents`` (as :meth:`KinetoTrace.raw_batches` yields them), a
+    list for each: the fast path of a report's pass (:meth:`gpuprobe.report._scan.TraceScan.consume_batches`).
+
+    The twin of :func:`to_event` (tested against it): a record of the usual shape becomes its
+    :data:`~gpuprobe.report._events.EventFields` here, without building an :class:`Event`; anything else
+    goes through ``to_event``, and an element it refuses to ``refused`` (which returns the event instead, or
+    None; raised without one). Elements of no kind the report reads are left out.
+    """
+    slow = _slow_path(refused)
+    typed_decoder()  # defines the record types
+    records = record_types()
+    record = next(iter(records)) if len(records) == 1 else None
+    cat_kind, float_text, no_args, counted_ops, limit = CAT_KIND, FloatText, NO_ARGS, COUNTED_OPS, LIMIT
+    for batch in batches:
+        out: list[Event | EventFields] = []
+        add = out.append
+        for ev in batch:
+            # Why records here and not Event objects: building an Event and reading it back cost half of a
+            # real trace's pass (measured in benchmarks/report/RESULTS.md). A record of the usual shape (an
+            # "X" event of a known category with a name, times as integers or literals of up to three
+            # decimals, in range, a duration of 0 or more, a pid and tid that are integers or strings) is
+            # read here; every other element takes to_event.
+            if type(ev) is record:
+                cat = ev.cat
+                if ev.ph != "X":
+                    if type(cat) is str and cat in cat_kind:  # an event of a used kind: counted as left out
+                        slow(ev)
+                    continue
+                kind = cat_kind.get(cat) if type(cat) is str else None
+                if kind is None:
+                    continue
+                name, pid, tid, ts, d = ev.name, ev.pid, ev.tid, ev.ts, ev.dur
+                # us_to_ns inline: an integer, or a literal of up to three decimals shifted as text. Why
+                # the point dropped first: kineto writes three decimals, and int() of the literal without
+                # its point takes 0.18 µs against 0.40 µs for slicing around it (as in to_event)
+                start = dur = -1
+                if type(ts) is int:
+                    start = ts * 1000
+                elif type(ts) is float_text and ts[-4:-3] == ".":
+                    try:
+                        start = int(ts.replace(".", ""))
+                    except ValueError:  # an exponent
+                        start = limit
+                elif type(ts) is float_text:
+                    dot = ts.find(".")
+                    if dot > 0 and len(ts) - dot <= 4:
+                        try:
+                            start = int(ts[:dot] + ts[dot + 1 :] + "00"[: dot + 4 - len(ts)])
+                        except ValueError:  # an exponent
+                            start = limit
+                    else:
+                        start = limit
+                else:
+                    start = limit
+                if type(d) is int:
+                    dur = d * 1000
+                elif type(d) is float_text and d[-4:-3] == ".":
+                    try:
+                        dur = int(d.replace(".", ""))
+                    except ValueError:
+                        dur = -1
+                elif type(d) is float_text:
+                    dot = d.find(".")
+                    if dot > 0 and len(d) - dot <= 4:
+                        try:
+                            dur = int(d[:dot] + d[dot + 1 :] + "00"[: dot + 4 - len(d)])
+                        except ValueError:
+                            dur = -1
+                if (type(name) is str and -limit < start < limit and 0 <= dur < limit and start + dur < limit
+                        and (type(pid) is int or type(pid) is str) and (type(tid) is int or type(tid) is str)):
+                    args = ev.args
+                    if args is None:
+                        args = no_args
+                    if kind is CPU_OP:
+                        if args.flops is None and name not in counted_ops:
+                            add((kind, name, start, dur, pid, tid, -1, -1, -1, -1, "", -1, -1))
+                        else:
+                            flops, elements = cpu_op_counts(name, args)
+                            add((kind, name, start, dur, pid, tid, -1, -1, -1, -1, "", flops, elements))
+                        continue
+                    if kind is RANGE or kind is PYTHON or kind is GPU_RANGE:
+                        add((kind, name, start, dur, pid, tid, -1, -1, -1, -1, "", -1, -1))
+                        continue
+                    c = args.correlation
+                    corr = c if type(c) is int and -limit < c < limit else -1
+                    if kind is RUNTIME:
+                        add((kind, name, start, dur, pid, tid, corr, -1, -1, -1, "", -1, -1))
+                        continue
+                    c = args.stream
+                    stream = c if type(c) is int and -limit < c < limit else (tid if type(tid) is int else -1)
+                    c = args.device
+                    device = c if type(c) is int and -limit < c < limit else (pid if type(pid) is int else -1)
+                    if kind is KERNEL or kind is GPU_SYNC:
+                        add((kind, name, start, dur, pid, tid, corr, -1, stream, device, "", -1, -1))
+                        continue
+                    c = args.nbytes
+                    nbytes = c if type(c) is int and -limit < c < limit else -1
+                    direction = memcpy_direction(name) if kind is MEMCPY else ""
+                    add((kind, name, start, dur, pid, tid, corr, nbytes, stream, device, direction, -1, -1))
+                    continue
+            event = slow(ev)
+            if event is not None:
+                add(event)
+        yield out
+
+
+def _slow_path(refused: Refused | None) -> Callable[[Any], Event | None]:
+    """to_event, with the elements it refuses handed to ``refused`` (raised without one)."""
+    if refused is None:
+        return to_event
+    errors = (MalformedEventError, DurationReadAsZero)
+
+    def slow(raw: Any) -> Event | None:
+        try:
+            return to_event(raw)
+        except errors as exc:
+            return refused(raw, exc)
+
+    return slow
+
+
 #: JSON engines: ``auto`` (the default: ``msgspec`` when it is installed, else ``stdlib``), ``msgspec``
 #: (the fastest), ``stdlib`` and ``ijson`` (the reference twin). All give the same events.
 ENGINES: tuple[str, ...] = ("auto", "msgspec", "stdlib", "ijson")
@@ -1190,11 +1272,29 @@ class KinetoTrace(Trace):
                 if event is not None:
                     yield event
 
-    def feed(self, scan: Any, progress: Progress | None = None) -> None:
-        # Why the raw elements and not events(): building an Event per element and reading it back
-        # cost half of a real trace's pass (benchmarks/report/RESULTS.md); consume_raw reads the usual
-        # records straight into the columns and hands every other element to to_event, as events() would.
-        scan.consume_raw(self.raw_batches(progress), self.refused)
+    def feed(self, scan: Any, progress: Progress | None = None, processes: int = 1) -> None:
+        """Pass every event to ``scan``, through the fast path (:meth:`field_batches`); with ``processes`` of
+        2 or more, a large plain UTF-8 file read by msgspec or json in two processes at once
+        (:mod:`gpuprobe.report._split`, which says when)."""
+        if (processes >= 2 and self.format == "kineto-json" and self.engine != "ijson"
+                and _split.worth_splitting(self, scan) and self.encoding() == "utf-8"):
+            if _split.feed_in_two(self, scan, progress):
+                return
+            # A fresh start for the one pass (nothing was fed when the split began).
+            scan.__init__(scan.correlation_by_process, scan.keep_longest)
+        scan.consume_batches(self.field_batches(progress))
+
+    def field_batches(
+        self, progress: Progress | None = None, part: Part | None = None, meta: dict[str, Any] | None = None
+    ) -> Iterator[list[Event | EventFields]]:
+        """The events of :meth:`raw_batches` (arguments and errors as there), a list for each of its lists, as
+        :func:`fields_batches` makes them: the fields of the usual records, the :class:`Event` of any other
+        element, every refused element counted (:meth:`refused`).
+
+        Why not :meth:`events`: building an Event per element and reading it back cost half of a real
+        trace's pass (benchmarks/report/RESULTS.md).
+        """
+        return fields_batches(self.raw_batches(progress, part, meta), self.refused)
 
     def raw_batches(
         self, progress: Progress | None = None, part: Part | None = None, meta: dict[str, Any] | None = None

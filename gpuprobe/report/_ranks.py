@@ -14,33 +14,27 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import os
-import pickle
-import statistics
 import struct
-import subprocess
-import sys
-import tempfile
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuprobe._stats import median
 from gpuprobe.errors import ConfigError
 from gpuprobe.report._analysis import build_report, small_ns_of
-from gpuprobe.report._context import MergeContext, Options
 from gpuprobe.report._errors import ReportInputError
+from gpuprobe.report._executors import IsolatedProcessPool, WorkerFailed, usable_cpus
 from gpuprobe.report._findings import order, parse_thresholds
 from gpuprobe.report._scan import TraceScan
-from gpuprobe.report._split import usable_cpus
+from gpuprobe.report._section import MergeContext, Options
 from gpuprobe.report.loaders import gpu_processes, load
 from gpuprobe.report.schema import Finding, RanksSection, Report
 from gpuprobe.report.sections import BY_NAME, DEFAULT_SECTIONS, REGISTRY
 from gpuprobe.report.sections.communication import collective_starts
 
-__all__ = ["RankResult", "analyze_ranks", "rank_files", "rank_units", "several_ranks", "rank_task", "worker_main",
-           "text_bytes", "TRACE_SUFFIXES", "IN_PROCESS_BYTES", "RECYCLE_BYTES"]
+__all__ = ["RankResult", "analyze_ranks", "rank_files", "rank_units", "several_ranks", "rank_task", "text_bytes",
+           "TRACE_SUFFIXES", "IN_PROCESS_BYTES", "RECYCLE_BYTES"]
 
 #: File names a directory of traces is read for.
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite")
@@ -226,7 +220,9 @@ def _run_all(
     longest: int,
 ) -> list[RankResult]:
     """Every rank, in ``units`` order: here one after another when that is as fast (one job, one rank, or
-    less than :data:`IN_PROCESS_BYTES` of text in all), else by a pool of worker processes."""
+    less than :data:`IN_PROCESS_BYTES` of text in all), else by a pool of isolated worker processes, each
+    reading ranks one after another, the largest first (so that one of them does not start last and run
+    alone); a worker that read :data:`RECYCLE_BYTES` of text or more is replaced by a fresh one."""
     total = len(units)
     sizes = [] if jobs == 1 or total == 1 else [text_bytes(path) for path, _ in units]
     if not sizes or sum(sizes) < IN_PROCESS_BYTES:
@@ -236,184 +232,20 @@ def _run_all(
             if progress is not None:
                 progress(i + 1, total)
         return out
-    return _WorkerPool(json.dumps(_task_spec(options, engine, longest)), min(jobs, total)).run(units, sizes, progress)
+    size_of = {os.path.abspath(path): size for (path, _), size in zip(units, sizes)}
 
+    def retire(path: str, process: int | None, spec: dict[str, Any]) -> bool:
+        return size_of.get(path, 0) >= RECYCLE_BYTES
 
-class _Worker:
-    """One worker process (``python -I``, its working folder the one holding this gpuprobe): reads a rank
-    for each line of its stdin, and answers each on its stdout (see :func:`worker_main`)."""
-
-    def __init__(self, root: str, spec: str) -> None:
-        self.errors = tempfile.TemporaryFile()  # its stderr: a file, so that a chatty worker never blocks
-        # -I: neither the current folder, PYTHONPATH nor the user's site-packages on its path, so that no
-        # file of the folder a report is run from (a bisect.py beside the traces) is imported; the folder
-        # holding this gpuprobe goes first instead, and is the worker's working folder too.
-        self.proc = subprocess.Popen([sys.executable, "-I", "-c", _WORKER, root, spec], cwd=root,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors)
-
-    def ask(self, path: str, process: int | None) -> tuple[str, Any]:
-        """The worker's ``(status, payload)`` for one rank (:func:`rank_task`).
-
-        Raises:
-            OSError, EOFError, pickle.UnpicklingError: The worker ended, or its answer is not one.
-        """
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps([path, process]).encode() + b"\n")
-        self.proc.stdin.flush()
-        header = self.proc.stdout.read(_HEADER.size)
-        if len(header) != _HEADER.size:
-            raise EOFError("the worker ended")
-        (size,) = _HEADER.unpack(header)
-        body = self.proc.stdout.read(size)
-        if len(body) != size:
-            raise EOFError("the worker ended inside its answer")
-        outcome: tuple[str, Any] = pickle.loads(body)
-        return outcome
-
-    def failure(self, path: str) -> RuntimeError:
-        """The error of a worker that ended (or answered nonsense) while reading ``path``: the last line it
-        wrote on stderr, else its exit status; the worker is gone afterwards."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.errors.seek(0)
-        lines = self.errors.read().decode("utf-8", "replace").strip().splitlines()[-1:]
-        detail = lines[0] if lines else f"exit status {self.proc.returncode}"
-        self._release()
-        return RuntimeError(f"the worker for {path} failed: {detail}")
-
-    def close(self) -> None:
-        """End the worker: its stdin closes, and it exits after the rank it is reading (killed if it does not)."""
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except OSError:  # it has gone already
-                pass
-        try:
-            self.proc.wait(timeout=_EXIT_S)
-        except subprocess.TimeoutExpired:
-            self.stop()
-        self._release()
-
-    def stop(self) -> None:
-        """Kill the worker now."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self._release()
-
-    def _release(self) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout, self.errors):
-            if stream is not None and not stream.closed:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
-
-
-class _WorkerPool:
-    """At most ``size`` worker processes at once, each reading ranks one after another (one thread here
-    per worker hands it the next rank and waits for its answer).
-
-    A worker reads many ranks, so a small one costs its pass, not the start of an interpreter (gpuprobe's
-    imports and a first report: 0.3 to 0.4 s of CPU). One that has read a trace of :data:`RECYCLE_BYTES` or
-    more exits and a fresh one takes its place: a worker's memory is then at most one large trace's, and
-    goes back to the system once it is read. The largest ranks go first, so that one of them does not
-    start last and run alone.
-    """
-
-    def __init__(self, spec: str, size: int) -> None:
-        self.spec = spec
-        self.size = size
-        # the workers import the same gpuprobe as this process, whatever their working folder holds
-        self.root = str(Path(__file__).resolve().parents[2])
-        self.lock = threading.Lock()
-        self.workers: set[_Worker] = set()
-        self.failed = threading.Event()
-
-    def run(self, units: list[tuple[str, int | None]], sizes: list[int],
-            progress: Callable[[int, int], None] | None) -> list[RankResult]:
-        """Each rank's result, in ``units`` order.
-
-        Raises:
-            ReportInputError, ConfigError, RuntimeError: A rank's error (the first in ``units`` order of
-                those met; the ranks not yet started are not read after one).
-        """
-        total = len(units)
-        todo = iter(sorted(range(total), key=lambda i: -sizes[i]))
-        out: list[RankResult | None] = [None] * total
-        errors: dict[int, Exception] = {}
-        done = 0
-
-        def take() -> int | None:
-            with self.lock:
-                return None if self.failed.is_set() else next(todo, None)
-
-        def serve() -> None:
-            nonlocal done
-            worker: _Worker | None = None
-            try:
-                while (i := take()) is not None:
-                    path, process = units[i]
-                    absolute = os.path.abspath(path)  # the worker's working folder is not this one
-                    if worker is None:
-                        worker = self._start()
-                    try:
-                        outcome = worker.ask(absolute, process)
-                    except (OSError, EOFError, pickle.UnpicklingError, ValueError):
-                        errors[i] = worker.failure(path)
-                        self._forget(worker)
-                        worker = None
-                        self.failed.set()
-                        return
-                    try:
-                        out[i] = _as_given(_unpack(path, outcome), absolute, path)
-                    except Exception as exc:  # the rank's error, raised below
-                        errors[i] = exc
-                        self.failed.set()
-                        return
-                    with self.lock:
-                        done += 1
-                        if progress is not None:
-                            progress(done, total)
-                    if sizes[i] >= RECYCLE_BYTES:
-                        self._forget(worker)
-                        worker.close()
-                        worker = None
-            except Exception as exc:  # a worker that could not start, or the progress callback's own error
-                errors[-1] = exc
-                self.failed.set()
-            finally:
-                if worker is not None:
-                    self._forget(worker)
-                    worker.close()
-
-        threads = [threading.Thread(target=serve, name=f"gpuprobe-rank-worker-{n}", daemon=True)
-                   for n in range(self.size)]
-        try:
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-        finally:  # interrupted (^C): no worker outlives the report
-            with self.lock:
-                self.failed.set()
-                left = list(self.workers)
-            for worker in left:
-                worker.stop()
-        if errors:
-            raise errors[min(errors)]
-        return [r for r in out if r is not None]
-
-    def _start(self) -> _Worker:
-        worker = _Worker(self.root, self.spec)
-        with self.lock:
-            self.workers.add(worker)
-        return worker
-
-    def _forget(self, worker: _Worker) -> None:
-        with self.lock:
-            self.workers.discard(worker)
+    pool = IsolatedProcessPool(min(jobs, total), retire=retire)
+    try:
+        results = _run_on(pool, units, options, engine, progress, longest,
+                          submit_order=sorted(range(total), key=lambda i: -sizes[i]))
+    except BaseException:  # a rank's error, or interrupted (^C): no worker outlives the report
+        pool.terminate()
+        raise
+    pool.shutdown()
+    return results
 
 
 def text_bytes(path: str | os.PathLike[str]) -> int:
@@ -439,16 +271,19 @@ def _run_on(
     engine: str,
     progress: Callable[[int, int], None] | None,
     longest: int,
+    submit_order: Sequence[int] | None = None,
 ) -> list[RankResult]:
-    """Each rank as one task of the caller's executor; results in ``units`` order.
+    """Each rank as one task of ``executor`` (submitted in ``submit_order``, indexes of ``units``; else in turn);
+    results in ``units`` order.
 
     The tasks get absolute paths (an executor's workers may run elsewhere, in another directory: they
     must see the same files there); the results show the paths as given.
     """
     spec = _task_spec(options, engine, longest)
-    futures = {
-        executor.submit(rank_task, os.path.abspath(path), process, spec): i for i, (path, process) in enumerate(units)
-    }
+    futures = {}
+    for i in submit_order if submit_order is not None else range(len(units)):
+        path, process = units[i]
+        futures[executor.submit(rank_task, os.path.abspath(path), process, spec)] = i
     out: list[RankResult | None] = [None] * len(units)
     try:
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
@@ -456,6 +291,8 @@ def _run_on(
             path = units[i][0]
             try:
                 outcome = future.result()
+            except WorkerFailed as exc:  # one of gpuprobe's own workers ended (killed, out of memory)
+                raise RuntimeError(f"the worker for {path} failed: {exc}") from None
             except Exception as exc:  # rank_task returns every error of its own: this is the executor's
                 detail = " ".join(str(exc).split())[:300]
                 raise ConfigError(
@@ -512,34 +349,6 @@ def rank_task(path: str, process: int | None, spec: dict[str, Any]) -> tuple[str
         return ("error", f"{type(exc).__name__}: {exc}")
 
 
-# A worker process (see _Worker): gpuprobe imported from where this process has it, then ranks read
-# one after another, each result pickled on stdout (named gpuprobe.report._ranks.RankResult, never __main__'s).
-_WORKER = (
-    "import sys; sys.path.insert(0, sys.argv[1]); from gpuprobe.report._ranks import worker_main; "
-    "raise SystemExit(worker_main(sys.argv[2:]))"
-)
-_HEADER = struct.Struct(">Q")  # the length of each answer, before its pickle
-_EXIT_S = 10.0  # seconds a worker whose stdin closed has to exit before it is killed
-
-
-def worker_main(argv: list[str]) -> int:
-    """A worker process's loop (``argv``: the options as JSON): for each line of stdin (``[path, process
-    id or null]`` in JSON), the rank's :func:`rank_task` outcome, pickled and length-prefixed on stdout;
-    it returns at the end of stdin."""
-    (spec_text,) = argv
-    spec = json.loads(spec_text)
-    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    # Anything else written on stdout (a library's print) goes to stderr, never into an answer.
-    sys.stdout.flush()
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    for line in sys.stdin.buffer:
-        path, process = json.loads(line)
-        body = pickle.dumps(rank_task(path, process, spec), protocol=pickle.HIGHEST_PROTOCOL)
-        answers.write(_HEADER.pack(len(body)) + body)
-        answers.flush()
-    return 0
-
-
 # ------------------------------------------------------------------------------------- merging
 
 
@@ -576,9 +385,9 @@ def _rank_findings(ranks: RanksSection, t: dict[str, float]) -> list[Finding]:
             ))
     timed = [(r.step_median_ns, r) for r in ranks.rows if r.step_median_ns]
     if len(timed) >= 2:
-        median = statistics.median([t for t, _ in timed])
+        middle = median([t for t, _ in timed])
         slow_ns, slow = max(timed, key=lambda tr: (tr[0], -tr[1].rank))
-        ratio = slow_ns / median if median else 1.0
+        ratio = slow_ns / middle if middle else 1.0
         if ratio >= t["straggler.ratio"]:
             cats: dict[str, int] = {}
             for s in ranks.stragglers:
@@ -588,8 +397,8 @@ def _rank_findings(ranks: RanksSection, t: dict[str, float]) -> list[Finding]:
                 id="straggler",
                 severity="warning",
                 title=f"Rank {slow.rank} is a straggler: its steps take {ratio:.2f}x the median rank's",
-                evidence={"at_stake_ns": int((slow_ns - median) * slow.steps),
-                          "rank": slow.rank, "step_median_ns": slow_ns, "median_of_ranks_ns": int(median),
+                evidence={"at_stake_ns": int((slow_ns - middle) * slow.steps),
+                          "rank": slow.rank, "step_median_ns": slow_ns, "median_of_ranks_ns": int(middle),
                           "ratio": ratio, "explained_by": dict(sorted(cats.items(), key=lambda kv: -kv[1]))},
                 remedy="Compare this rank's report with another's (gpuprobe diff): uneven work (data, sequence lengths, "
                        "expert routing), a slower device or link, or host contention on its node.",

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from gpuprobe.report._diff import DiffReport
     from gpuprobe.report.schema import Report
 
-__all__ = ["render", "plot", "FORMATS", "format_ns"]
+__all__ = ["render_report", "render", "plot", "FORMATS", "format_ns"]
 
-#: Output formats of :func:`render`.
+#: Output formats of :func:`render_report`.
 FORMATS: tuple[str, ...] = ("text", "md", "json", "csv")
 
 
@@ -53,8 +53,8 @@ def report_tables(report: Report, markdown: bool = False, every: bool = False) -
     return tables
 
 
-def render(report: Report | DiffReport, fmt: str = "text", top: int = 20) -> str:
-    """Render a report or a diff as text.
+def render_report(report: Report | DiffReport, fmt: str = "text", top: int = 20) -> str:
+    """Render a report or a diff as text (public as :func:`gpuprobe.report.render`).
 
     Args:
         report: A :class:`~gpuprobe.report.Report` or :class:`~gpuprobe.report.DiffReport`.
@@ -68,7 +68,7 @@ def render(report: Report | DiffReport, fmt: str = "text", top: int = 20) -> str
 
     Example:
         >>> from gpuprobe.report import analyze
-        >>> print(render(analyze("tests/data/kineto_min.json"), "md"))  # doctest: +SKIP
+        >>> print(render_report(analyze("tests/data/kineto_min.json"), "md"))  # doctest: +SKIP
     """
     if fmt not in FORMATS:
         raise ConfigError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
@@ -81,6 +81,10 @@ def render(report: Report | DiffReport, fmt: str = "text", top: int = 20) -> str
         report.tables(markdown) if isinstance(report, DiffReport) else report_tables(report, markdown, fmt == "csv")
     )
     return write(tables, fmt, top)
+
+
+#: The public name of :func:`render_report` (``from gpuprobe.report import render``).
+render = render_report
 
 
 def plot(report: Report, path: str | os.PathLike[str]) -> None:

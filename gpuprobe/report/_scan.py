@@ -14,20 +14,21 @@ import enum
 import heapq
 from array import array
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from typing import Any
 
-from gpuprobe._kernel_names import graph_launch_api, host_sync_api, launch_api_kind, memcpy_direction
-from gpuprobe.report._events import CPU_OP, GPU_SYNC, KERNEL, LIMIT, MEMCPY, MEMSET, RANGE, RUNTIME, Event, FloatText
-from gpuprobe.report._kineto import (
-    CAT_KIND,
-    COUNTED_OPS,
-    NO_ARGS,
-    DurationReadAsZero,
-    MalformedEventError,
-    cpu_op_counts,
-    record_types,
-    to_event,
-    typed_decoder,
+from gpuprobe._kernel_names import graph_launch_api, host_sync_api, launch_api_kind
+from gpuprobe.report._events import (
+    CPU_OP,
+    GPU_SYNC,
+    KERNEL,
+    MEMCPY,
+    MEMSET,
+    RANGE,
+    RUNTIME,
+    Event,
+    EventFields,
+    event_fields,
 )
 
 __all__ = [
@@ -65,6 +66,7 @@ _OP_KIND_OF_EVENT: dict[str, int] = {
 #: Launch API kinds (of :func:`~gpuprobe._kernel_names.launch_api_kind`) that enqueue GPU work.
 _LAUNCH_KINDS = frozenset({"kernel", "memcpy", "memset"})
 _SYNC = "sync"
+_CHUNK_EVENTS = 4096  # events of one batch of consume(): what the GPU operations of a batch wait in, at most
 
 # Why typed arrays of the narrowest width: the tables hold one entry per GPU operation and launch
 # of traces up to several GB; times, byte counts and correlation keys need 64 bits ("q"), indexes
@@ -332,188 +334,46 @@ class TraceScan:
         self.last_ns: int | None = None
         self._seq = 0  # arrivals numbered in longest_cpu so far
 
-    def consume(self, events: Iterable[Event]) -> None:
+    def consume(self, events: Iterable[Event | EventFields]) -> None:
         """Fold events into the columns and aggregates (any order)."""
-        self.consume_raw((events,))
+        self.consume_batches(_chunks(events, _CHUNK_EVENTS))
 
-    def consume_raw(self, batches: Iterable[Iterable[Any]], refused: Refused | None = None) -> None:
-        """Fold lists of kineto elements of ``traceEvents`` (msgspec's records or json's values, as
-        :meth:`gpuprobe.report._kineto.KinetoTrace.raw_batches` yields them) or :class:`Event` objects.
-
-        The same as :meth:`consume` of the events :func:`~gpuprobe.report._kineto.to_event` makes of
-        the elements (its twin, tested against it), without making them: a record of the usual shape
-        goes straight into the columns; anything else goes through ``to_event``, and an element it
-        refuses to ``refused`` (which returns the event to fold instead, or None).
-        """
-        gpu_names = self.gpu_names
-        range_names = self.range_names
-        threads = self.threads
-        streams = self.streams
-        directions = self.directions
-        counts = self.event_counts
-        api_calls = self.api_calls
-        cpu_ops = self.cpu_ops
-        longest = self.longest_cpu
-        keep_longest = self.keep_longest
-        by_process = self.correlation_by_process
+    def consume_batches(self, batches: Iterable[Iterable[Event | EventFields]]) -> None:
+        """Fold lists of events, in any order: each an :class:`Event`, or its :data:`EventFields` (a reader's
+        fast path makes those without building the Event: :meth:`gpuprobe.report._trace.Trace.feed`)."""
+        range_names, threads, api_names = self.range_names, self.threads, self.api_names
+        counts, api_calls, cpu_ops = self.event_counts, self.api_calls, self.cpu_ops
+        longest, keep_longest, by_process = self.longest_cpu, self.keep_longest, self.correlation_by_process
         # why: bound methods in locals; the loop below runs once per event (millions of times)
-        ops, launches, syncs, ranges = self.ops, self.launches, self.syncs, self.ranges
-        op_kind, op_name, op_start, op_dur = ops.kind.append, ops.name_id.append, ops.start.append, ops.dur.append
-        op_corr, op_bytes = ops.corr.append, ops.nbytes.append
-        op_direction, op_stream = ops.direction_id.append, ops.stream_id.append
-        launch_start, launch_dur = launches.start.append, launches.dur.append
-        launch_corr, launch_thread = launches.corr.append, launches.thread_id.append
-        sync_start, sync_dur, sync_thread = syncs.start.append, syncs.dur.append, syncs.thread_id.append
-        sync_name = syncs.name_id.append
+        launch_start, launch_dur, launch_corr, launch_thread = _appends(self.launches)
+        sync_start, sync_dur, sync_thread, sync_name = _appends(self.syncs)
+        range_name, range_start, range_dur, range_thread = _appends(self.ranges)
+        graph_start, graph_thread, graph_corr = _appends(self.graph_launches)
         cpu = self.cpu_op_rows
-        cpu_name, cpu_start, cpu_dur = cpu.name_id.append, cpu.start.append, cpu.dur.append
-        cpu_thread, cpu_flops, cpu_elements = cpu.thread_id.append, cpu.flops.add, cpu.elements.add
+        cpu_name, cpu_start, cpu_dur, cpu_thread = _appends(cpu, 4)
+        cpu_flops, cpu_elements, gpu_syncs = cpu.flops.add, cpu.elements.add, self.gpu_syncs
+        apis: dict[str, tuple[bool, bool, int]] = {}  # API name -> _api_role(name)
         last_pid: object = None
         last_tid: object = None
         last_thread = -1
-        api_names = self.api_names
-        graphs = self.graph_launches
-        gpu_syncs = self.gpu_syncs
-        range_name, range_start = ranges.name_id.append, ranges.start.append
-        range_dur, range_thread = ranges.dur.append, ranges.thread_id.append
         first: int = self.first_ns if self.first_ns is not None else 1 << 62
         last: int = self.last_ns if self.last_ns is not None else -(1 << 62)
         seq = self._seq
-        op_kind_of_event = _OP_KIND_OF_EVENT
-        launch_kinds = _LAUNCH_KINDS
-        # the kineto fast path
-        typed_decoder()  # defines the record types
-        records = record_types()
-        record = next(iter(records)) if len(records) == 1 else None
-        event_type = Event
-        cat_kind = CAT_KIND
-        float_text = FloatText
-        no_args = NO_ARGS
-        counted_ops = COUNTED_OPS
-        limit = LIMIT
-        slow = _slow_path(refused)
+        op_kinds, fields_of = _OP_KIND_OF_EVENT, event_fields
+        batch_ops: list[EventFields] = []  # the GPU operations of a batch, folded after it (_fold_ops)
+        gpu_ops = batch_ops.append
         for batch in batches:
             for ev in batch:
-                # ------------------------------------------------------------ the event's fields
-                # Why records here and not Event objects: building an Event and reading it back cost
-                # half of a real trace's pass (measured in benchmarks/report/RESULTS.md). A record of the
-                # usual shape (an "X" event of a known category with a name, times as integers or
-                # literals of up to three decimals, in range, a duration of 0 or more, a pid and tid
-                # that are integers or strings) is read here; every other element takes to_event.
-                t = type(ev)
-                fast = False
-                if t is record:
-                    if ev.ph != "X":
-                        cat = ev.cat
-                        if type(cat) is str and cat in cat_kind:  # an event of a used kind: counted as left out
-                            slow(ev)
-                        continue
-                    cat = ev.cat
-                    if type(cat) is not str:
-                        continue
-                    kind = cat_kind.get(cat)
-                    if kind is None:
-                        continue
-                    name = ev.name
-                    pid = ev.pid
-                    tid = ev.tid
-                    ts = ev.ts
-                    d = ev.dur
-                    start = dur = -1
-                    # us_to_ns inline: an integer, or a literal of up to three decimals shifted as text
-                    if type(ts) is int:
-                        start = ts * 1000
-                    elif type(ts) is float_text:
-                        dot = ts.find(".")
-                        if dot > 0 and len(ts) - dot <= 4:
-                            try:
-                                start = int(ts[:dot] + ts[dot + 1 :] + "00"[: dot + 4 - len(ts)])
-                            except ValueError:  # an exponent
-                                start = limit
-                        else:
-                            start = limit
-                    else:
-                        start = limit
-                    if type(d) is int:
-                        dur = d * 1000
-                    elif type(d) is float_text:
-                        dot = d.find(".")
-                        if dot > 0 and len(d) - dot <= 4:
-                            try:
-                                dur = int(d[:dot] + d[dot + 1 :] + "00"[: dot + 4 - len(d)])
-                            except ValueError:
-                                dur = -1
-                    fast = (
-                        type(name) is str
-                        and -limit < start < limit
-                        and 0 <= dur < limit
-                        and start + dur < limit
-                        and (type(pid) is int or type(pid) is str)
-                        and (type(tid) is int or type(tid) is str)
-                    )
-                    if fast:
-                        args = ev.args
-                        if args is None:
-                            args = no_args
-                if not fast:
-                    if t is not event_type:
-                        ev = slow(ev)
-                        if ev is None:
-                            continue
-                    kind = ev.kind
-                    name = ev.name
-                    start = ev.start_ns
-                    dur = ev.dur_ns
-                    pid = ev.pid
-                    tid = ev.tid
-                # ------------------------------------------------------------ into the columns
+                if type(ev) is not tuple:
+                    ev = fields_of(ev)  # type: ignore[arg-type]
+                kind, name, start, dur, pid, tid, corr, nbytes, stream, device, direction, flops, elements = ev
                 if start < first:
                     first = start
                 if start + dur > last:
                     last = start + dur
                 counts[kind] = counts.get(kind, 0) + 1
-                code = op_kind_of_event.get(kind)
-                if code is not None:
-                    if fast:
-                        c = args.correlation
-                        corr = c if type(c) is int and -limit < c < limit else -1
-                        c = args.stream
-                        stream = c if type(c) is int and -limit < c < limit else (tid if type(tid) is int else -1)
-                        c = args.device
-                        device = c if type(c) is int and -limit < c < limit else (pid if type(pid) is int else -1)
-                        if kind is KERNEL:
-                            nbytes = -1
-                            direction = ""
-                        else:
-                            c = args.nbytes
-                            nbytes = c if type(c) is int and -limit < c < limit else -1
-                            direction = memcpy_direction(name) if kind is MEMCPY else ""
-                    else:
-                        corr = ev.correlation
-                        nbytes = ev.nbytes
-                        direction = ev.direction
-                        stream = ev.stream
-                        device = ev.device
-                    nid = gpu_names.get(name)
-                    if nid is None:
-                        nid = gpu_names[name] = len(gpu_names)
-                    if by_process and 0 <= corr < 0x80000000 and type(pid) is int:
-                        corr |= (pid & 0x3FFFFFFF) << 32  # the process in the high bits
-                    op_kind(code)
-                    op_name(nid)
-                    op_start(start)
-                    op_dur(dur)
-                    op_corr(corr)
-                    op_bytes(nbytes)
-                    did = directions.get(direction)
-                    if did is None:
-                        did = directions[direction] = len(directions)
-                    op_direction(did)
-                    where = (device, stream)
-                    sid = streams.get(where)
-                    if sid is None:
-                        sid = streams[where] = len(streams)
-                    op_stream(sid)
+                if kind in op_kinds:
+                    gpu_ops(ev)
                 elif kind == RUNTIME or kind == CPU_OP:
                     # Runtime calls and CPU operators: count, total and longest per name, and the
                     # longest events overall. Inline, not a helper: this loop runs once per event.
@@ -535,22 +395,13 @@ class TraceScan:
                         seq += 1
                         heapq.heapreplace(longest, (dur, seq, kind, name, start, _thread_label(pid, tid)))
                     if pid != last_pid or tid != last_tid:  # why: events of a thread come in runs
-                        key = (pid, tid)
-                        thread = threads.get(key)
+                        thread = threads.get((pid, tid))
                         if thread is None:
-                            thread = threads[key] = len(threads)
+                            thread = threads[(pid, tid)] = len(threads)
                         last_pid, last_tid, last_thread = pid, tid, thread
                     else:
                         thread = last_thread
                     if kind == CPU_OP:
-                        if fast:
-                            if args.flops is None and name not in counted_ops:
-                                flops = elements = -1
-                            else:
-                                flops, elements = cpu_op_counts(name, args)
-                        else:
-                            flops = ev.flops
-                            elements = ev.elements
                         if flops >= 0:
                             cpu_flops(len(cpu.start), flops)
                         if elements >= 0:
@@ -560,32 +411,26 @@ class TraceScan:
                         cpu_dur(dur)
                         cpu_thread(thread)
                         continue
-                    if fast:
-                        c = args.correlation
-                        corr = c if type(c) is int and -limit < c < limit else -1
-                    else:
-                        corr = ev.correlation
-                    api_kind = launch_api_kind(name)
-                    if api_kind in launch_kinds:
+                    role = apis.get(name)
+                    if role is None:
+                        role = apis[name] = _api_role(name, api_names)
+                    enqueues, graph, sync_id = role
+                    if enqueues:
                         if by_process and 0 <= corr < 0x80000000 and type(pid) is int:
                             corr |= (pid & 0x3FFFFFFF) << 32
                         launch_start(start)
                         launch_dur(dur)
                         launch_corr(corr)
                         launch_thread(thread)
-                        if api_kind == "kernel" and graph_launch_api(name):
-                            graphs.start.append(start)
-                            graphs.thread_id.append(thread)
-                            graphs.corr.append(corr)
-                    # a synchronous copy (cudaMemcpy) is a launch and a sync at once
-                    if api_kind == _SYNC or (api_kind == "memcpy" and host_sync_api(name)):
-                        nid = api_names.get(name)
-                        if nid is None:
-                            nid = api_names[name] = len(api_names)
+                        if graph:
+                            graph_start(start)
+                            graph_thread(thread)
+                            graph_corr(corr)
+                    if sync_id >= 0:
                         sync_start(start)
                         sync_dur(dur)
                         sync_thread(thread)
-                        sync_name(nid)
+                        sync_name(sync_id)
                 elif kind == GPU_SYNC:
                     gpu_syncs[0] += 1
                     gpu_syncs[1] += dur
@@ -593,17 +438,50 @@ class TraceScan:
                     nid = range_names.get(name)
                     if nid is None:
                         nid = range_names[name] = len(range_names)
-                    key = (pid, tid)
-                    thread = threads.get(key)
+                    thread = threads.get((pid, tid))
                     if thread is None:
-                        thread = threads[key] = len(threads)
+                        thread = threads[(pid, tid)] = len(threads)
                     range_name(nid)
                     range_start(start)
                     range_dur(dur)
                     range_thread(thread)
+            if batch_ops:
+                self._fold_ops(batch_ops)
+                batch_ops.clear()
         self._seq = seq
         if counts:
             self.first_ns, self.last_ns = first, last
+
+    def _fold_ops(self, batch: list[EventFields]) -> None:
+        """Fold the GPU operations (kernels, copies, sets) of a batch of :meth:`consume_batches`.
+
+        Why apart: the GPU operations use tables of their own only (names, directions, streams), so that
+        folding them after the rest of their batch fills every table as one loop would, and keeps each loop
+        short enough to read.
+        """
+        gpu_names, streams, directions = self.gpu_names, self.streams, self.directions
+        op_kind, op_name, op_start, op_dur, op_corr, op_bytes, op_direction, op_stream = _appends(self.ops)
+        op_kinds, by_process = _OP_KIND_OF_EVENT, self.correlation_by_process
+        for kind, name, start, dur, pid, _, corr, nbytes, stream, device, direction, _, _ in batch:
+            nid = gpu_names.get(name)
+            if nid is None:
+                nid = gpu_names[name] = len(gpu_names)
+            if by_process and 0 <= corr < 0x80000000 and type(pid) is int:
+                corr |= (pid & 0x3FFFFFFF) << 32  # the process in the high bits
+            op_kind(op_kinds[kind])
+            op_name(nid)
+            op_start(start)
+            op_dur(dur)
+            op_corr(corr)
+            op_bytes(nbytes)
+            did = directions.get(direction)
+            if did is None:
+                did = directions[direction] = len(directions)
+            op_direction(did)
+            sid = streams.get((device, stream))
+            if sid is None:
+                sid = streams[(device, stream)] = len(streams)
+            op_stream(sid)
 
     def merge(self, later: TraceScan) -> None:
         """Fold in the scan of the events that come after this scan's (the tail of a trace split in two):
@@ -707,24 +585,29 @@ def _renumbered(values: array, ids: array) -> array:
     return out
 
 
-#: What a pass does with an element :func:`~gpuprobe.report._kineto.to_event` refuses: the event to
-#: fold instead, or None (``Trace.refused``, which counts it).
-Refused = Callable[[Any, Exception], "Event | None"]
+def _appends(columns: Any, n: int | None = None) -> list[Callable[[Any], None]]:
+    """The ``append`` of each column of ``columns`` (one of the column classes above), in slot order; the
+    first ``n`` only, if given."""
+    return [getattr(columns, field).append for field in columns.__slots__[:n]]
 
 
-def _slow_path(refused: Refused | None) -> Callable[[Any], Event | None]:
-    """to_event, with the elements it refuses handed to ``refused`` (raised without one)."""
-    if refused is None:
-        return to_event
-    errors = (MalformedEventError, DurationReadAsZero)
+def _api_role(name: str, sync_names: dict[str, int]) -> tuple[bool, bool, int]:
+    """What a runtime or driver API call of this name is to the scan: whether it enqueues GPU work, whether
+    it replays a graph, and its name's id in ``sync_names`` (given one on first sight) when it blocks the
+    host until the GPU catches up, else -1. A synchronous copy (``cudaMemcpy``) enqueues and blocks."""
+    kind = launch_api_kind(name)
+    sync_id = -1
+    if kind == _SYNC or (kind == "memcpy" and host_sync_api(name)):
+        found = sync_names.get(name)
+        sync_id = found if found is not None else sync_names.setdefault(name, len(sync_names))
+    return kind in _LAUNCH_KINDS, kind == "kernel" and graph_launch_api(name), sync_id
 
-    def slow(raw: Any) -> Event | None:
-        try:
-            return to_event(raw)
-        except errors as exc:
-            return refused(raw, exc)
 
-    return slow
+def _chunks(events: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """``events`` in lists of ``size`` (the last one shorter)."""
+    it = iter(events)
+    while chunk := list(islice(it, size)):
+        yield chunk
 
 
 def _thread_label(pid: object, tid: object) -> str:

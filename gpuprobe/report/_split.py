@@ -1,35 +1,35 @@
-"""One large kineto trace read by two processes at once: this one reads the head of the file, a second one
-the tail, and the tail's :class:`~gpuprobe.report._scan.TraceScan` is merged into the head's.
+"""One large trace read by two processes at once: this one reads the head of the file, a second one the
+tail, and the tail's :class:`~gpuprobe.report._scan.TraceScan` is merged into the head's.
 
 Why: the pass is bound by one core (the JSON decoding and the fold into columns), and a report is asked
 for on machines with more. Measured on the two-core development machine (``benchmarks/report/RESULTS.md``),
 see :data:`MIN_BYTES` for when it pays.
 
-What it takes: a plain (not gzip) UTF-8 ``kineto-json`` file read by the ``msgspec`` or ``stdlib`` engine, of
-:data:`MIN_BYTES` or more, and a scan nothing was fed yet. The file is cut at the first element of
-``traceEvents`` that starts after its middle byte (:func:`element_start`); the head then checks that the
-cut is where an element starts (:class:`~gpuprobe.report._kineto.BoundaryMissed` otherwise). Anything
-that goes wrong with the split (no element found near the middle, a cut inside an element, the second
-process failing or finding the file malformed) falls back to one pass over the whole file, which then
-says what is wrong as it always does: the report is the same whichever way it was read.
+What it takes: a plain (not gzip) UTF-8 JSON file whose reader can read a :class:`Part` of it (kineto's,
+``KinetoTrace.feed`` decides), of :data:`MIN_BYTES` or more, and a scan nothing was fed yet. The file is
+cut at the first element of the event array that starts after its middle byte (:func:`element_start`);
+the head then checks that the cut is where an element starts (:class:`BoundaryMissed` otherwise). The
+tail runs on an :class:`~gpuprobe.report._executors.IsolatedProcessPool` of one worker (``python -I``,
+as the ranks' workers). Anything that goes wrong with the split (no element found near the middle, a cut
+inside an element, the second process failing or finding the file malformed) falls back to one pass over
+the whole file, which then says what is wrong as it always does: the report is the same whichever way it
+was read.
 """
 
 from __future__ import annotations
 
+import io
 import os
-import pickle
 import re
-import subprocess
-import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import IO, Any, Protocol
 
-from gpuprobe.report._events import TraceInfo
-from gpuprobe.report._kineto import BoundaryMissed, KinetoTrace, Part
+from gpuprobe.report._events import Event, EventFields, TraceInfo
+from gpuprobe.report._executors import IsolatedProcessPool
 from gpuprobe.report._scan import TraceScan
-from gpuprobe.report._trace import Trace
 
-__all__ = ["MIN_BYTES", "element_start", "feed", "usable_cpus"]
+__all__ = ["MIN_BYTES", "Part", "BoundaryMissed", "open_part", "element_start", "worth_splitting", "feed_in_two",
+           "read_tail", "PartReader"]
 
 #: Files smaller than this are read by one process: starting the second one and merging cost about
 #: 0.5 s, and a split pays from about 100 MB on the development machine.
@@ -37,21 +37,79 @@ MIN_BYTES = 256 << 20
 _SEARCH = 4 << 20  # bytes after the middle searched for the start of an element
 # The end of one element and the start of the next: "}" then "," then "{" (white space between).
 _BETWEEN = re.compile(rb"\}\s*,\s*\{")
-_CHILD = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-          "from gpuprobe.report._split import tail_main; tail_main(sys.argv[1:])")
+_BUFFER = 1 << 20  # bytes of a head's buffered reader
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity where the platform says, else the CPU count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+class BoundaryMissed(Exception):
+    """The head of a split trace (:class:`Part`) does not end where an element of the event array starts."""
+
+
+class Part:
+    """A part of a plain JSON trace, for a pass split over processes at byte ``at``, the start of an
+    element of its event array (kineto's ``traceEvents``; where the caller believes one starts).
+
+    The head (``tail`` false) is the file up to ``at``: it must end where an element starts, else
+    reading it raises :class:`BoundaryMissed`. The tail starts there, inside the event array, whose
+    top-level value is ``top`` (``"{"`` or ``"["``, the bare array of events); it reads the rest of
+    that array and of the top-level value. Positions in the errors of a tail count from ``at``.
+    """
+
+    __slots__ = ("tail", "at", "top")
+
+    def __init__(self, tail: bool, at: int, top: str = "{") -> None:
+        self.tail = tail
+        self.at = at
+        self.top = top
+
+
+class _Head(io.RawIOBase):
+    """The first ``size`` bytes of a binary file."""
+
+    def __init__(self, raw: IO[bytes], size: int) -> None:
+        self.raw = raw
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer)[: self.left]
+        n = self.raw.readinto(view)  # type: ignore[attr-defined]
+        self.left -= n
+        return n
+
+
+def open_part(raw: IO[bytes], part: Part) -> IO[bytes]:
+    """The bytes of ``part`` of the plain trace ``raw`` (a binary file at its start)."""
+    if part.tail:
+        raw.seek(part.at)
+        return raw
+    return io.BufferedReader(_Head(raw, part.at), _BUFFER)  # type: ignore[arg-type]
+
+
+class PartReader(Protocol):
+    """What a trace's reader offers to be read in two parts (``KinetoTrace`` does)."""
+
+    path: str
+    size: int
+    source: str
+    info: TraceInfo
+
+    def field_batches(self, progress: Callable[[int, int], None] | None = None, part: Part | None = None,
+                      meta: dict[str, Any] | None = None) -> Iterator[list[Event | EventFields]]:
+        """The events of the file, or of ``part`` of it, in lists (the scan's input); ``meta`` filled with the
+        top-level keys other than the event array."""
+
+    def zeroed(self) -> dict[str, int]:
+        """Events whose duration was read as 0 ns so far, by reason."""
+
+    def finish(self, meta: dict[str, Any]) -> None:
+        """Complete :attr:`info` once every part is read, from the top-level keys ``meta``."""
 
 
 def element_start(path: str, after: int) -> int | None:
     """The byte offset of a ``{`` that follows ``}`` and a comma, at or after ``after`` (within a few MB),
-    or None. It starts an element of ``traceEvents`` unless it is inside one (a list of objects in an
+    or None. It starts an element of the event array unless it is inside one (a list of objects in an
     event's ``args``), which the head of the split then finds out."""
     with open(path, "rb") as f:
         f.seek(after)
@@ -67,54 +125,37 @@ def _top(path: str) -> str:
     return head[:1].decode("latin-1")
 
 
-def feed(trace: Trace, scan: TraceScan, progress: Callable[[int, int], None] | None = None, *,
-         processes: int = 1) -> None:
-    """``trace.feed(scan, progress)``, with the pass split over two processes where that pays (the module
-    docstring says when)."""
-    if processes >= 2 and _splittable(trace, scan):
-        assert isinstance(trace, KinetoTrace)
-        if _feed_split(trace, scan, progress):
-            return
-        # A fresh start for the one pass (nothing was fed when the split began).
-        scan.__init__(scan.correlation_by_process, scan.keep_longest)  # type: ignore[misc]
-    trace.feed(scan, progress)
+def worth_splitting(trace: PartReader, scan: TraceScan) -> bool:
+    """Whether a split pays for ``trace`` (:data:`MIN_BYTES` or more) and can be made (``scan`` is empty)."""
+    return trace.size >= MIN_BYTES and not scan.event_counts
 
 
-def _splittable(trace: Trace, scan: TraceScan) -> bool:
-    return (isinstance(trace, KinetoTrace) and trace.format == "kineto-json" and trace.engine != "ijson"
-            and trace.size >= MIN_BYTES and not scan.event_counts and trace.encoding() == "utf-8")
-
-
-def _feed_split(trace: KinetoTrace, scan: TraceScan, progress: Callable[[int, int], None] | None) -> bool:
+def feed_in_two(trace: PartReader, scan: TraceScan, progress: Callable[[int, int], None] | None = None) -> bool:
+    """Feed ``scan`` the whole of ``trace``, its head read here and its tail in a second process; False (and
+    ``scan`` to be fed afresh) if the split could not be made (the module docstring says when)."""
     at = element_start(trace.path, trace.size // 2)
     top = _top(trace.path)
     if at is None or top not in "{[":
         return False
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    # -I: neither the current folder nor PYTHONPATH on the child's path (a zlib.py beside the trace is never
-    # imported); it imports the gpuprobe of this process, and works in the folder that holds it.
-    args = [sys.executable, "-I", "-c", _CHILD, root, os.path.abspath(trace.path), str(at), top, trace.engine,
-            str(scan.keep_longest), str(int(scan.correlation_by_process))]
+    pool = IsolatedProcessPool(1)
     try:
-        child = subprocess.Popen(args, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                 stdin=subprocess.DEVNULL)
-    except OSError:
-        return False
-    try:
+        # the worker's working folder is not this one: it reads the file by its absolute path
+        tail = pool.submit(read_tail, trace, os.path.abspath(trace.path), at, top, scan.keep_longest,
+                           scan.correlation_by_process)
         head_meta: dict[str, Any] = {}
         trace.info = TraceInfo(trace.source)
         scale = trace.size / at
-        head_progress = None if progress is None else (lambda done, total: progress(min(int(done * scale), total), total))
+        head_progress = None if progress is None else (
+            lambda done, total: progress(min(int(done * scale), total), total))
         try:
-            scan.consume_raw(trace.raw_batches(head_progress, part=Part(False, at, top), meta=head_meta), trace.refused)
+            scan.consume_batches(trace.field_batches(head_progress, part=Part(False, at, top), meta=head_meta))
         except BoundaryMissed:
             return False
-        assert child.stdout is not None
         try:
-            result = pickle.load(child.stdout)
+            result = tail.result()
         except Exception:  # the second process ended without its scan
             return False
-        if child.wait() != 0 or not isinstance(result, dict) or "scan" not in result:
+        if not isinstance(result, dict) or "scan" not in result:
             return False
         scan.merge(result["scan"])
         info = trace.info
@@ -130,25 +171,19 @@ def _feed_split(trace: KinetoTrace, scan: TraceScan, progress: Callable[[int, in
         trace.finish({**head_meta, **result["meta"]})
         return True
     finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
-        if child.stdout is not None:
-            child.stdout.close()
+        pool.terminate()  # the tail is read, or no longer wanted
 
 
-def tail_main(argv: list[str]) -> None:
-    """The second process: read the tail of the file from ``at`` and write its scan (pickled) to stdout."""
-    path, at, top, engine, keep_longest, by_process = argv
-    trace = KinetoTrace(path, "kineto-json", engine)
+def read_tail(trace: PartReader, path: str, at: int, top: str, keep_longest: int, by_process: bool) -> dict[str, Any]:
+    """The second process's part: the scan of the tail of the file (at ``path``) from ``at``, and what its
+    reader counted; or ``{"error": ...}`` (the parent reads the whole file again, and says what is wrong)."""
+    trace.path = path
     trace.info = TraceInfo(trace.source)
-    scan = TraceScan(correlation_by_process=by_process == "1", keep_longest=int(keep_longest))
+    scan = TraceScan(correlation_by_process=by_process, keep_longest=keep_longest)
     meta: dict[str, Any] = {}
     try:
-        scan.consume_raw(trace.raw_batches(part=Part(True, int(at), top), meta=meta), trace.refused)
-        result: dict[str, Any] = {"scan": scan, "skipped": trace.info.skipped_reasons,
-                                  "phases": trace.info.skipped_phases, "zeroed": trace.zeroed(), "meta": meta}
-    except Exception as exc:  # the parent reads the whole file again, and says what is wrong
-        result = {"error": f"{type(exc).__name__}: {exc}"}
-    pickle.dump(result, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
-    sys.stdout.buffer.flush()
+        scan.consume_batches(trace.field_batches(part=Part(True, at, top), meta=meta))
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"scan": scan, "skipped": trace.info.skipped_reasons, "phases": trace.info.skipped_phases,
+            "zeroed": trace.zeroed(), "meta": meta}

@@ -3,7 +3,8 @@
 A timeline format is one module holding a subclass of :class:`Trace` (``_kineto.KinetoTrace``,
 ``_nsys.NsysTrace``) and one line of :data:`gpuprobe.report.loaders.FORMATS` saying how its files
 begin. The report never asks which format it reads: it hands its pass to :meth:`Trace.feed`, which a
-reader may override with a faster path that yields the same records (kineto reads raw elements).
+reader may override with a faster path to the same events (kineto reads raw elements, and a large
+file in two processes).
 Nsight Compute exports are measurements per kernel, not a timeline: ``_ncu`` reads them into rows
 of their own, and :func:`gpuprobe.report.loaders.load` points them to ``--ncu``.
 """
@@ -62,9 +63,11 @@ class Trace:
         """
         raise NotImplementedError
 
-    def feed(self, scan: Any, progress: Progress | None = None) -> None:
+    def feed(self, scan: Any, progress: Progress | None = None, processes: int = 1) -> None:
         """Pass every event to ``scan`` (a :class:`gpuprobe.report._scan.TraceScan`); :attr:`info` is
-        complete afterwards. Readers with a faster path to the same records override it."""
+        complete afterwards. Readers with a faster path to the same events override it (they may hand the
+        scan an event's fields as a tuple, :data:`~gpuprobe.report._events.EventFields`), and may read a
+        large file with up to ``processes`` processes at once."""
         scan.consume(self.events(progress))
 
     def _fail(self, problem: str) -> ReportInputError:

@@ -35,7 +35,7 @@ from gpuprobe.report._errors import ReportInputError
 from gpuprobe.report._executors import EXECUTOR_HELP, is_local, open_executor
 from gpuprobe.report._findings import THRESHOLDS, at_least
 from gpuprobe.report._ranks import analyze_ranks, several_ranks
-from gpuprobe.report._render import FORMATS, plot, render
+from gpuprobe.report._render import FORMATS, plot, render_report
 from gpuprobe.report.loaders import ENGINES, ncu_format
 from gpuprobe.report.schema import SECTIONS, SEVERITIES
 
@@ -353,7 +353,7 @@ def main_report(argv: list[str]) -> int:
             report = dataclasses.replace(report, **hidden)
         if args.ncu:
             return _ncu(args, shown, report, families, findings)
-        _emit(render(report, args.format, top=args.top), args.output)
+        _emit(render_report(report, args.format, top=args.top), args.output)
         return _gate(args.fail_on, findings)
 
     return _run(prog, argv, args.debug, work)
@@ -378,7 +378,7 @@ def _ncu(args: argparse.Namespace, shown: list[str], timeline: Any = None, famil
     if args.format == "json":
         text = json.dumps({**timeline.to_dict(), "ncu": report.to_dict()}, indent=1) + "\n"
     else:
-        text = render(timeline, args.format, top=args.top) + "\n" + render_ncu(report, args.format, top=args.top)
+        text = render_report(timeline, args.format, top=args.top) + "\n" + render_ncu(report, args.format, top=args.top)
     _emit(text, args.output)
     return _gate(args.fail_on, (findings or []) + report.findings)
 
@@ -422,7 +422,7 @@ def _ranks(args: argparse.Namespace, shown: list[str]) -> int:
         return dataclasses.replace(report, **{s: None for s in SECTIONS if s != "summary" and s not in shown})
 
     if not args.by_rank:
-        _emit(render(visible(merged), args.format, top=args.top), args.output)
+        _emit(render_report(visible(merged), args.format, top=args.top), args.output)
         return _gate(args.fail_on, findings)
     if args.format == "json":
         body = {
@@ -432,15 +432,16 @@ def _ranks(args: argparse.Namespace, shown: list[str]) -> int:
         }
         text = json.dumps(body, indent=1) + "\n"
     else:
-        parts = [render(visible(merged), args.format, top=args.top)]
+        parts = [render_report(visible(merged), args.format, top=args.top)]
         for r in results:
             title = f"Rank {r.rank}: {r.path}"
             if args.format == "md":
-                parts.append(f"# {title}\n\n" + render(visible(r.report), "md", top=args.top))
+                parts.append(f"# {title}\n\n" + render_report(visible(r.report), "md", top=args.top))
             elif args.format == "text":
-                parts.append(f"{title}\n{'#' * len(title)}\n\n" + render(visible(r.report), "text", top=args.top))
+                text = render_report(visible(r.report), "text", top=args.top)
+                parts.append(f"{title}\n{'#' * len(title)}\n\n" + text)
             else:  # csv: each rank's tables, the section column says whose
-                rows = render(visible(r.report), "csv", top=args.top).splitlines()
+                rows = render_report(visible(r.report), "csv", top=args.top).splitlines()
                 parts.append("\n".join(
                     line if not line or line.startswith("section,") else f"rank{r.rank}:{line}" for line in rows
                 ) + "\n")
@@ -514,7 +515,7 @@ def main_diff(argv: list[str]) -> int:
         finally:
             if progress is not None:
                 progress.close()
-        _emit(render(result, args.format, top=args.top), args.output)
+        _emit(render_report(result, args.format, top=args.top), args.output)
         return _gate(args.fail_on, result.findings or [])
 
     return _run(prog, argv, args.debug, work)

@@ -148,7 +148,7 @@ def test_operators_around_syncs_with_and_without_numpy(monkeypatch: pytest.Monke
     """The vectorized search (large traces) finds the same operators as the plain loop."""
     import sys
 
-    from gpuprobe.report import _diagnosis
+    from gpuprobe.report import _evidence
     from gpuprobe.report._scan import TraceScan
     from gpuprobe.report.loaders import load
 
@@ -156,9 +156,9 @@ def test_operators_around_syncs_with_and_without_numpy(monkeypatch: pytest.Monke
     scan = TraceScan()
     scan.consume(trace.events())
     assert len(scan.cpu_op_rows) > 10_000 and len(scan.syncs)
-    vectorized = _diagnosis._ops_around(scan.cpu_op_rows, scan.syncs)
+    vectorized = _evidence._ops_around(scan.cpu_op_rows, scan.syncs)
     monkeypatch.setitem(sys.modules, "numpy", None)  # import numpy now raises ImportError
-    plain = _diagnosis._ops_around(scan.cpu_op_rows, scan.syncs)
+    plain = _evidence._ops_around(scan.cpu_op_rows, scan.syncs)
     assert sorted(vectorized) == sorted(plain) and len(plain) == 225
 
 

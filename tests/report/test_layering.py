@@ -23,7 +23,7 @@ SECTIONS = REPORT / "sections"
 KERNEL_NAMES = ROOT / "gpuprobe" / "_kernel_names.py"
 #: What a section module may import of gpuprobe: the context, the table toolkit, the modules the
 #: sections share (``sections/_*.py``) and kernel naming (a leaf).
-SECTION_MAY_IMPORT = {"gpuprobe.report._context", "gpuprobe.report._tables", "gpuprobe._kernel_names"}
+SECTION_MAY_IMPORT = {"gpuprobe.report._section", "gpuprobe.report._tables", "gpuprobe._kernel_names"}
 
 
 def module_of(path: Path) -> str:
@@ -146,9 +146,16 @@ def test_a_section_imports_the_context_and_the_toolkit_only() -> None:
 def test_the_context_and_the_toolkit_import_no_section_and_no_builder() -> None:
     above = ("gpuprobe.report.sections", "gpuprobe.report.schema", "gpuprobe.report._analysis",
              "gpuprobe.report._render", "gpuprobe.report._ranks", "gpuprobe.report._diff", "gpuprobe.report.cli")
-    for name in ("_context.py", "_tables.py"):
+    for name in ("_section.py", "_tables.py"):
         found = sorted(m for m in imported_modules(REPORT / name) if m.startswith(above))
         assert found == [], name
+
+
+def test_the_scan_and_the_split_import_no_reader_of_a_trace_format() -> None:
+    readers = {"gpuprobe.report._kineto", "gpuprobe.report._nsys", "gpuprobe.report._ncu", "gpuprobe.report.loaders"}
+    assert readers <= set(report_modules())
+    for name in ("_scan.py", "_split.py"):
+        assert sorted(gpuprobe_imports(REPORT / name) & readers) == [], name
 
 
 def test_the_builder_and_the_renderer_reach_sections_through_the_registry_only() -> None:

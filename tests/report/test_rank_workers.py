@@ -21,7 +21,7 @@ import pytest
 from tracefiles import read_trace
 
 from gpuprobe.report import ReportInputError
-from gpuprobe.report import _ranks
+from gpuprobe.report import _executors, _ranks
 from gpuprobe.report import _split as split
 from gpuprobe.report._ranks import analyze_ranks, text_bytes
 
@@ -63,7 +63,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         seen.append(list(args))
         return real(args, *rest, **kwargs)
 
-    monkeypatch.setattr(_ranks.subprocess, "Popen", spy)
+    monkeypatch.setattr(_executors.subprocess, "Popen", spy)
     return seen
 
 
@@ -160,8 +160,8 @@ def test_the_second_process_of_a_large_trace_imports_nothing_from_the_folder_the
     one = render(analyze(folder / "rank-2.json", jobs=1), "json").replace(str(folder / "rank-2.json"), "rank-2.json")
     _plant(folder, markers)
     made: list[bool] = []
-    real = split._feed_split
-    monkeypatch.setattr(split, "_feed_split", lambda *args: made.append(real(*args)) or made[-1])
+    real = split.feed_in_two
+    monkeypatch.setattr(split, "feed_in_two", lambda *args: made.append(real(*args)) or made[-1])
     monkeypatch.setattr(split, "MIN_BYTES", 0)  # split whatever the size
     monkeypatch.chdir(folder)
     monkeypatch.setenv("PYTHONPATH", str(folder))

@@ -1,5 +1,6 @@
-"""The report's pass reads kineto elements straight into its columns (``TraceScan.consume_raw``): the
-same report as the events :func:`~gpuprobe.report._kineto.to_event` makes of them (``consume``), on
+"""The kineto reader's fast path (``KinetoTrace.feed``: its records read into plain tuples of an event's
+fields, :func:`~gpuprobe.report._kineto.fields_batches`) gives the fields and the report of the events
+:func:`~gpuprobe.report._kineto.to_event` makes of them (``TraceScan.consume``), on
 every kineto trace of tests/data, on traces recorded here, on every engine, and on elements of every
 odd shape the fast path must hand over to ``to_event`` (times with more than three decimals or an
 exponent, strings where numbers go, negative durations, unknown categories, missing fields).
@@ -14,6 +15,8 @@ import pytest
 
 from gpuprobe.report import load, render
 from gpuprobe.report._analysis import Options, build_report
+from gpuprobe.report._events import event_fields
+from gpuprobe.report._kineto import DurationReadAsZero, MalformedEventError, fields_batches, to_event
 from gpuprobe.report._scan import TraceScan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -22,13 +25,13 @@ ENGINES = ("msgspec", "stdlib", "ijson")
 
 
 def both(path: Path, engine: str) -> tuple[str, str]:
-    """The JSON report of the trace through ``consume`` of its events and through ``consume_raw``."""
+    """The JSON report of the trace through ``consume`` of its events and through the reader's fast path."""
     out = []
     for raw in (False, True):
         trace = load(path, engine=engine)
         scan = TraceScan(correlation_by_process=trace.info.correlation_by_process, keep_longest=20)
         if raw:
-            scan.consume_raw(trace.raw_batches(), trace.refused)
+            trace.feed(scan)
         else:
             scan.consume(trace.events())
         out.append(render(build_report(scan, Options(top=20), trace.path, trace.info), "json"))
@@ -101,3 +104,28 @@ def test_the_raw_pass_hands_every_odd_element_to_to_event(tmp_path: Path, engine
     assert raw == events
     report = json.loads(raw)
     assert report["summary"]["warnings"], "the odd elements are counted and said"
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[p.name for p in TRACES])
+def test_the_fast_path_gives_the_fields_of_to_event_element_by_element(path: Path) -> None:
+    """Every element the fast path reads itself becomes the fields of the Event ``to_event`` makes of it."""
+    trace = load(path, engine="msgspec")
+    fast = slow = 0
+    for batch in trace.raw_batches():
+        for element in batch:
+            (made,) = fields_batches([[element]], trace.refused)
+            try:
+                expected = to_event(element)
+            except (MalformedEventError, DurationReadAsZero):
+                continue  # refused: counted by the trace, the same way on both paths
+            if expected is None:
+                assert made == []
+                continue
+            assert len(made) == 1
+            if type(made[0]) is tuple:
+                fast += 1
+                assert made[0] == event_fields(expected)
+            else:
+                slow += 1
+                assert made[0] == expected
+    assert fast > slow, (fast, slow)  # the usual records take the fast path

@@ -28,14 +28,14 @@ TRACES = sorted((DATA / "kineto").glob("*.json.gz")) + [DATA / "kineto_min.json"
 def splits(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Split every trace whatever its size; the list says, per split tried, whether it was made."""
     made: list[bool] = []
-    real = split._feed_split
+    real = split.feed_in_two
 
     def spy(*args: Any) -> bool:
         made.append(real(*args))
         return made[-1]
 
     monkeypatch.setattr(split, "MIN_BYTES", 0)
-    monkeypatch.setattr(split, "_feed_split", spy)
+    monkeypatch.setattr(split, "feed_in_two", spy)
     return made
 
 

@@ -1,7 +1,7 @@
 """The registry of report sections, in report order.
 
 Each section is one module of this package that declares ``SECTION`` (a
-:class:`~gpuprobe.report._context.Section`): its name, how it is computed from one trace, shown as
+:class:`~gpuprobe.report._section.Section`): its name, how it is computed from one trace, shown as
 tables, merged across ranks and, where it applies, compared in a diff. The builder
 (:mod:`gpuprobe.report._analysis`), the renderers (:mod:`gpuprobe.report._render`), the rank merge
 (:mod:`gpuprobe.report._ranks`) and the diff (:mod:`gpuprobe.report._diff`) loop over
@@ -14,7 +14,7 @@ To add a section: a module here (its dataclasses, ``compute``, ``tables``, ``mer
 
 from __future__ import annotations
 
-from gpuprobe.report._context import Section
+from gpuprobe.report._section import Section
 from gpuprobe.report.sections import (
     attention,
     categories,

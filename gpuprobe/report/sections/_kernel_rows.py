@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 
 from gpuprobe._kernel_names import CATEGORIES, categorize_kernel, short_kernel_name
-from gpuprobe.report._context import Context, KernelGroup, MergeContext, Section, group_by, median_int, share
+from gpuprobe.report._section import Context, KernelGroup, MergeContext, Section, group_by, median_int, share
 from gpuprobe.report._tables import Column, Table, Unit
 
 __all__ = ["KernelStat", "KernelsSection", "KERNEL_COLUMNS", "kernel_stat", "kernels_of", "kernel_section",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpuprobe._kernel_names import CATEGORIES
-from gpuprobe.report._context import (
+from gpuprobe.report._section import (
     Context,
     DiffRow,
     MergeContext,

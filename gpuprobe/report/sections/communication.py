@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from gpuprobe._kernel_names import kernel_family
-from gpuprobe.report._context import CAT_INDEX, Context, GpuOpKind, Section, TraceScan, merge_intervals, overlap_length
+from gpuprobe.report._section import CAT_INDEX, Context, GpuOpKind, Section, TraceScan, merge_intervals, overlap_length
 from gpuprobe.report._tables import Column, Table, Unit, format_ns
 
 __all__ = ["CommStepRow", "CommunicationSection", "communication", "collective_starts", "split_overlap", "SECTION"]

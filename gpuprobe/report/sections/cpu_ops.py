@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuprobe.report._context import Context, DiffRow, MergeContext, Section, diff_row, group_by
+from gpuprobe.report._section import Context, DiffRow, MergeContext, Section, diff_row, group_by
 from gpuprobe.report._tables import Column, Table, Unit
 
 __all__ = ["CpuOpStat", "CpuOpsSection", "SECTION"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpuprobe._kernel_names import categorize_kernel
-from gpuprobe.report._context import Context, DiffRow, MergeContext, Section, Spread, diff_of_totals, group_by, share
+from gpuprobe.report._section import Context, DiffRow, MergeContext, Section, Spread, diff_of_totals, group_by, share
 from gpuprobe.report._tables import STEP_SPREAD_COLUMNS, Column, Table, Unit
 
 __all__ = ["FamilyStat", "FamiliesSection", "SECTION"]

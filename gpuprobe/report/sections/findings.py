@@ -9,7 +9,7 @@ import json
 import textwrap
 from typing import Any
 
-from gpuprobe.report._context import MergeContext, Section, group_by
+from gpuprobe.report._section import MergeContext, Section, group_by
 from gpuprobe.report._tables import Column, Table, format_ns
 
 __all__ = ["SEVERITIES", "Finding", "findings_table", "SECTION"]
@@ -30,7 +30,7 @@ class Finding:
             stake, the order of findings in a report.
         remedy: What usually fixes it, one paragraph or several items one a line (the text report lists
             them); a finding that a ``gpuprobe try`` variant measures ends with that command
-            (:func:`gpuprobe.experiment.remedies.remedy_line`).
+            (:func:`gpuprobe._remedies.remedy_line`).
         asks_nothing: The finding asks nothing of the user (an expected pattern, "nothing to do"): it
             informs, and ``--fail-on`` never counts it. In JSON the key is present only when true.
     """

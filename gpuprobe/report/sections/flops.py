@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpuprobe._kernel_names import categorize_cpu_op
-from gpuprobe.report._context import Context, Section
+from gpuprobe.report._section import Context, Section
 from gpuprobe.report._tables import Column, Table, Unit, format_flop_rate, format_ns
 
 __all__ = ["FlopsRow", "FlopsCategory", "FlopsSection", "SECTION"]

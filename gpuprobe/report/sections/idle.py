@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
-from gpuprobe.report._context import Context, MergeContext, Section, group_by, merge_intervals, overlap_length
+from gpuprobe.report._section import Context, MergeContext, Section, group_by, merge_intervals, overlap_length
 from gpuprobe.report._tables import Column, Table, Unit, format_ns
 
 __all__ = ["IdleRow", "IdleSection", "idle_row", "SECTION"]

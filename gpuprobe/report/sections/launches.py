@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpuprobe._kernel_names import launch_api_kind
-from gpuprobe.report._context import Context, MergeContext, Section, group_by, median_int, quantile
+from gpuprobe.report._section import Context, MergeContext, Section, group_by, median_int, quantile
 from gpuprobe.report._tables import Column, Table, Unit, format_ns
 
 __all__ = ["ApiStat", "LaunchesSection", "SECTION"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuprobe.report._context import EVENT_KIND, MEMSET, Context, DiffRow, MergeContext, Section, diff_row, group_by
+from gpuprobe.report._section import EVENT_KIND, MEMSET, Context, DiffRow, MergeContext, Section, diff_row, group_by
 from gpuprobe.report._tables import Column, Table, Unit
 
 __all__ = ["MemOpStat", "MemorySection", "SECTION"]

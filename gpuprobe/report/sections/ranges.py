@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuprobe.report._context import (
+from gpuprobe.report._section import (
     Context,
     DiffRow,
     MergeContext,

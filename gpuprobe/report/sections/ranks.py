@@ -7,7 +7,7 @@ import dataclasses
 import statistics
 from typing import Any
 
-from gpuprobe.report._context import MergeContext, RankPart, Section, median_int
+from gpuprobe.report._section import MergeContext, RankPart, Section, median_int
 from gpuprobe.report._tables import Column, Table, Unit, format_ns
 
 __all__ = ["RankRow", "RankStepRow", "StragglerRow", "SkewRow", "RanksSection", "SECTION"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuprobe.report._context import Context, MergeContext, Section, share
+from gpuprobe.report._section import Context, MergeContext, Section, share
 from gpuprobe.report._tables import Table, format_ns
 from gpuprobe.report.sections._kernel_rows import KERNEL_COLUMNS, KernelStat, kernel_stat, merge_rows
 

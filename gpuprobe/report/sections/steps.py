@@ -9,7 +9,7 @@ import re
 import statistics
 
 from gpuprobe._kernel_names import CATEGORIES
-from gpuprobe.report._context import (
+from gpuprobe.report._section import (
     Context,
     MergeContext,
     Section,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuprobe.report._context import Context, GpuOpKind, MergeContext, Section, merge_intervals
+from gpuprobe.report._section import Context, GpuOpKind, MergeContext, Section, merge_intervals
 from gpuprobe.report._tables import Column, Table, Unit, format_ns
 
 __all__ = ["StreamRow", "StreamsSection", "stream_overlap", "SECTION"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from gpuprobe.report._context import Context, MergeContext, Section, StreamOverlaps, known_sum
+from gpuprobe.report._section import Context, MergeContext, Section, StreamOverlaps, known_sum
 from gpuprobe.report._tables import Table, format_ns
 
 __all__ = ["Summary", "SECTION"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpuprobe._kernel_names import short_kernel_name
-from gpuprobe.report._context import EVENT_KIND, Context, GpuOpKind, Section
+from gpuprobe.report._section import EVENT_KIND, Context, GpuOpKind, Section
 from gpuprobe.report._tables import Column, Table, Unit
 
 __all__ = ["TimelineRow", "TimelineSection", "SAME_CALL", "SECTION"]

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gpuprobe._kernel_names import CATEGORIES, CONCAT_OPS, WOULD_SYNC_OPS, short_kernel_name
-from gpuprobe.report._columns import merge_intervals, quantile
-from gpuprobe.report._context import Columns, StepSpan
+from gpuprobe._stats import quantile
+from gpuprobe.report._columns import merge_intervals
 from gpuprobe.report._scan import GpuOpKind, TraceScan
+from gpuprobe.report._section import Columns, StepSpan
 
 __all__ = [
     "StepSpan",
@@ -33,6 +34,7 @@ __all__ = [
     "STOPPING_CRITERION",
     "sync_role",
     "gather",
+    "float_median",
     "innermost",
     "is_concat_kernel",
     "CONCAT_OPS",
@@ -387,82 +389,11 @@ def gather(
     if steps and len(cpu):
         ev.count_cpu_ops = lambda: _cpu_ops_per_step(cpu, steps, step_starts, step_threads)
 
-    # ---- host syncs: the API calls, with their operators (innermost, outermost) and place
-    syncs = scan.syncs
-    n_sync = len(syncs)
-    if n_sync:
-        s_ev = ev.syncs
-        around = _ops_around(cpu, syncs)
-        queries = [(syncs.thread_id[i], syncs.start[i], i) for i in range(n_sync)]
-        op_of_sync = innermost(around, queries)
-        outer_of_sync = innermost(around, queries, outer=True)
-        where = places.rows(queries)
-        per_step = [0] * len(steps)
-        stop_per_step = [0] * len(steps)
-        for i in range(n_sync):
-            dur = syncs.dur[i]
-            s_ev.calls += 1
-            s_ev.blocked_ns += dur
-            api = api_names[syncs.name_id[i]]
-            s_ev.by_api[api] = s_ev.by_api.get(api, 0) + 1
-            op = op_of_sync.get(i)
-            outer = outer_of_sync.get(i)
-            operator = cpu_names[op] if op is not None else _NO_OPERATOR
-            place = places.place(where.get(i))
-            role = sync_role(operator, cpu_names[outer] if outer is not None else None, place)
-            s_ev.add(operator, place, role, dur)
-            k = _step_of(steps, step_starts, syncs.thread_id[i], syncs.start[i], step_threads)
-            if k >= 0:
-                per_step[k] += 1
-                stop_per_step[k] += role == STOP_CHECK
-        s_ev.per_step = per_step if steps else []
-        s_ev.stop_check_per_step = stop_per_step if steps else []
-        s_ev.gpu_idle_ns = _idle_during(syncs, scan.ops)
-
-    # ---- operators that would sync on a GPU (outermost ones only: item() holds _local_scalar_dense)
-    sync_op_ids = {i for i, n in enumerate(cpu_names) if n in WOULD_SYNC_OPS}
-    if sync_op_ids:
-        rows = [i for i, n in enumerate(cpu.name_id) if n in sync_op_ids]
-        rows.sort(key=lambda i: (cpu.thread_id[i], cpu.start[i], -cpu.dur[i]))
-        outer_rows: list[int] = []
-        last_thread, last_end = None, -1
-        for i in rows:
-            if cpu.thread_id[i] == last_thread and cpu.start[i] < last_end:
-                continue  # nested in a would-sync operator already counted
-            outer_rows.append(i)
-            last_thread, last_end = cpu.thread_id[i], cpu.start[i] + cpu.dur[i]
-        where = places.rows([(cpu.thread_id[i], cpu.start[i], i) for i in outer_rows])
-        w_ev = ev.would_sync
-        per_step = [0] * len(steps)
-        stop_per_step = [0] * len(steps)
-        for i in outer_rows:
-            name = cpu_names[cpu.name_id[i]]
-            w_ev.calls += 1
-            w_ev.blocked_ns += cpu.dur[i]
-            w_ev.by_api[name] = w_ev.by_api.get(name, 0) + 1
-            place = places.place(where.get(i))
-            role = sync_role(name, name, place)
-            w_ev.add(name, place, role, cpu.dur[i])
-            k = _step_of(steps, step_starts, cpu.thread_id[i], cpu.start[i], step_threads)
-            if k >= 0:
-                per_step[k] += 1
-                stop_per_step[k] += role == STOP_CHECK
-        w_ev.per_step = per_step if steps else []
-        w_ev.stop_check_per_step = stop_per_step if steps else []
-
-    # ---- copies from or to pageable host memory (named so by kineto, and by the nsys loader)
-    pageable_ids = {i for i, n in enumerate(gpu_names) if "Pageable" in n}
-    if pageable_ids:
-        ops = scan.ops
-        directions = list(scan.directions)
-        by_direction: dict[str, list[int]] = {}
-        for nid, nbytes, dur, did in zip(ops.name_id, ops.nbytes, ops.dur, ops.direction_id):
-            if nid in pageable_ids:
-                row = by_direction.setdefault(directions[did] or "unknown", [0, 0, 0])
-                row[0] += 1
-                row[1] += max(nbytes, 0)
-                row[2] += dur
-        ev.pageable = [(d, n, b, t) for d, (n, b, t) in sorted(by_direction.items())]
+    # ---- host syncs: the API calls; the operators that would sync on a GPU; pageable copies
+    if len(scan.syncs):
+        _host_syncs(ev, scan, cpu_names, api_names, places, steps, step_starts, step_threads)
+    _would_sync(ev, scan, cpu_names, places, steps, step_starts, step_threads)
+    ev.pageable = _pageable_copies(scan, gpu_names)
 
     # ---- graph launches, their node kernels, and the launches outside them
     graphs = scan.graph_launches
@@ -494,13 +425,104 @@ def gather(
     return ev
 
 
+def _host_syncs(ev: Evidence, scan: TraceScan, cpu_names: list[str], api_names: list[str], places: _Places,
+                steps: list[StepSpan], step_starts: list[int], step_threads: set[int]) -> None:
+    """The sync API calls into ``ev.syncs``: with their operators (innermost, outermost), place and role,
+    per step, and the GPU's idle time while they block."""
+    syncs = scan.syncs
+    cpu = scan.cpu_op_rows
+    n_sync = len(syncs)
+    s_ev = ev.syncs
+    around = _ops_around(cpu, syncs)
+    queries = [(syncs.thread_id[i], syncs.start[i], i) for i in range(n_sync)]
+    op_of_sync = innermost(around, queries)
+    outer_of_sync = innermost(around, queries, outer=True)
+    where = places.rows(queries)
+    per_step = [0] * len(steps)
+    stop_per_step = [0] * len(steps)
+    for i in range(n_sync):
+        dur = syncs.dur[i]
+        s_ev.calls += 1
+        s_ev.blocked_ns += dur
+        api = api_names[syncs.name_id[i]]
+        s_ev.by_api[api] = s_ev.by_api.get(api, 0) + 1
+        op = op_of_sync.get(i)
+        outer = outer_of_sync.get(i)
+        operator = cpu_names[op] if op is not None else _NO_OPERATOR
+        place = places.place(where.get(i))
+        role = sync_role(operator, cpu_names[outer] if outer is not None else None, place)
+        s_ev.add(operator, place, role, dur)
+        k = _step_of(steps, step_starts, syncs.thread_id[i], syncs.start[i], step_threads)
+        if k >= 0:
+            per_step[k] += 1
+            stop_per_step[k] += role == STOP_CHECK
+    s_ev.per_step = per_step if steps else []
+    s_ev.stop_check_per_step = stop_per_step if steps else []
+    s_ev.gpu_idle_ns = _idle_during(syncs, scan.ops)
+
+
+def _would_sync(ev: Evidence, scan: TraceScan, cpu_names: list[str], places: _Places, steps: list[StepSpan],
+                step_starts: list[int], step_threads: set[int]) -> None:
+    """The operators that would sync on a GPU into ``ev.would_sync`` (outermost ones only: ``item()`` holds
+    ``_local_scalar_dense``), with their place and role, per step."""
+    cpu = scan.cpu_op_rows
+    sync_op_ids = {i for i, n in enumerate(cpu_names) if n in WOULD_SYNC_OPS}
+    if not sync_op_ids:
+        return
+    rows = [i for i, n in enumerate(cpu.name_id) if n in sync_op_ids]
+    rows.sort(key=lambda i: (cpu.thread_id[i], cpu.start[i], -cpu.dur[i]))
+    outer_rows: list[int] = []
+    last_thread, last_end = None, -1
+    for i in rows:
+        if cpu.thread_id[i] == last_thread and cpu.start[i] < last_end:
+            continue  # nested in a would-sync operator already counted
+        outer_rows.append(i)
+        last_thread, last_end = cpu.thread_id[i], cpu.start[i] + cpu.dur[i]
+    where = places.rows([(cpu.thread_id[i], cpu.start[i], i) for i in outer_rows])
+    w_ev = ev.would_sync
+    per_step = [0] * len(steps)
+    stop_per_step = [0] * len(steps)
+    for i in outer_rows:
+        name = cpu_names[cpu.name_id[i]]
+        w_ev.calls += 1
+        w_ev.blocked_ns += cpu.dur[i]
+        w_ev.by_api[name] = w_ev.by_api.get(name, 0) + 1
+        place = places.place(where.get(i))
+        role = sync_role(name, name, place)
+        w_ev.add(name, place, role, cpu.dur[i])
+        k = _step_of(steps, step_starts, cpu.thread_id[i], cpu.start[i], step_threads)
+        if k >= 0:
+            per_step[k] += 1
+            stop_per_step[k] += role == STOP_CHECK
+    w_ev.per_step = per_step if steps else []
+    w_ev.stop_check_per_step = stop_per_step if steps else []
+
+
+def _pageable_copies(scan: TraceScan, gpu_names: list[str]) -> list[tuple[str, int, int, int]]:
+    """Copies from or to pageable host memory (named so by kineto, and by the nsys loader): ``(direction,
+    copies, bytes, ns)`` per direction, by direction."""
+    pageable_ids = {i for i, n in enumerate(gpu_names) if "Pageable" in n}
+    if not pageable_ids:
+        return []
+    ops = scan.ops
+    directions = list(scan.directions)
+    by_direction: dict[str, list[int]] = {}
+    for nid, nbytes, dur, did in zip(ops.name_id, ops.nbytes, ops.dur, ops.direction_id):
+        if nid in pageable_ids:
+            row = by_direction.setdefault(directions[did] or "unknown", [0, 0, 0])
+            row[0] += 1
+            row[1] += max(nbytes, 0)
+            row[2] += dur
+    return [(d, n, b, t) for d, (n, b, t) in sorted(by_direction.items())]
+
+
 def _cpu_ops_per_step(cpu: Any, steps: list[StepSpan], step_starts: list[int], step_threads: set[int]) -> float | None:
     per_step = [0] * len(steps)
     for t, a in zip(cpu.thread_id, cpu.start):
         k = _step_of(steps, step_starts, t, a, step_threads)
         if k >= 0:
             per_step[k] += 1
-    return median(per_step)
+    return float_median(per_step)
 
 
 def _eager_launches(
@@ -712,6 +734,7 @@ def _concat(
     return out
 
 
-def median(values: Sequence[int]) -> float | None:
-    """The median of some integers (``None`` if there are none)."""
+def float_median(values: Sequence[int]) -> float | None:
+    """The median of some integers as a float, the 0.5 quantile (``None`` if there are none): the evidence
+    says ``1.0`` of a middle step with 1, as it says ``1.5`` between steps with 1 and 2."""
     return quantile(sorted(values), 0.5) if values else None

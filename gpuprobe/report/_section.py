@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import statistics
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from gpuprobe._kernel_names import CATEGORIES, categorize_kernel, kernel_family
+from gpuprobe._stats import median
 from gpuprobe.report._columns import (
     ByThread,
     KernelGroup,
@@ -529,7 +529,7 @@ def median_int(values: list[int]) -> int:
         >>> median_int([1, 2, 3, 4])
         2
     """
-    return int(round(statistics.median(values)))
+    return int(round(median(values)))
 
 
 def group_by(rows: Iterable[Any], key: Callable[[Any], Any]) -> dict[Any, list[Any]]:
