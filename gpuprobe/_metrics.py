@@ -846,18 +846,22 @@ def cumulative(counts: Sequence[int]) -> list[int]:
 
 @functools.lru_cache(maxsize=None)
 def _version_of(module: str) -> str:
-    """The version of ``module`` without importing it: its ``__version__`` when it is imported, else the
-    installed distribution's metadata; empty when it is not installed."""
-    found = sys.modules.get(module)
-    version = getattr(found, "__version__", None) if found is not None else None
-    if isinstance(version, str):
-        return version
+    """The installed distribution's version of ``module`` (its metadata: the same whether or not it is
+    imported yet), else its ``__version__`` where it is imported; empty when neither is there.
+
+    Why the metadata first: a module's ``__version__`` may carry a local build tag its distribution's
+    metadata does not (PyPI's CUDA builds of torch: ``2.15.0+cu132`` against ``2.15.0``), so reading it
+    only when imported would change the label with import order.
+    """
     from importlib import metadata
 
     try:
         return metadata.version(module)
-    except Exception:  # not installed, or broken metadata: nothing to name
-        return ""
+    except Exception:  # not installed as a distribution, or broken metadata: what the module says, if imported
+        pass
+    found = sys.modules.get(module)
+    version = getattr(found, "__version__", None) if found is not None else None
+    return version if isinstance(version, str) else ""
 
 
 def build_info_labels(device_name: str) -> dict[str, str]:

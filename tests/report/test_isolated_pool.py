@@ -18,7 +18,7 @@ from gpuprobe.report._executors import IsolatedProcessPool, TaskFailed, WorkerFa
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _children() -> set[int]:
+def _all_children() -> set[int]:
     """The process ids of this process's children (read from Linux's /proc; none elsewhere)."""
     out: set[int] = set()
     if not os.path.isdir("/proc/self/task"):
@@ -27,6 +27,21 @@ def _children() -> set[int]:
         with open(f"/proc/self/task/{task}/children") as f:
             out.update(int(pid) for pid in f.read().split())
     return out
+
+
+_before: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_before() -> None:
+    """The children this process had before the test (another test's, e.g. torch.compile's worker pool)."""
+    _before.clear()
+    _before.update(_all_children())
+
+
+def _children() -> set[int]:
+    """The children this process started during the test and still has."""
+    return _all_children() - _before
 
 
 def test_a_call_runs_in_an_isolated_worker_in_the_folder_holding_gpuprobe(tmp_path: Path,
