@@ -38,7 +38,13 @@ _TITLES: dict[str, str] = {
     "gpuprobe.step.component.duration": "step component",
     "gpuprobe.layer.duration": "layer",
     "gpuprobe.probe.duration": "probe",
+    "gpuprobe.diffusion.call.duration": "pipeline call",
+    "gpuprobe.diffusion.time_to_first_step": "time to first step",
+    "gpuprobe.diffusion.step.duration": "denoising step",
+    "gpuprobe.diffusion.component.duration": "pipeline component",
 }
+# A diffusers pipeline's components that make up its denoising steps (the others run once per call).
+_DENOISING_PARTS = ("denoiser", "controlnet", "scheduler", "other")
 # Labels every series has (rank, device) or that say nothing a row's title does not.
 _QUIET_LABELS = {"gpuprobe.rank", "gpuprobe.device", "gen_ai.provider.name", "gen_ai.operation.name"}
 
@@ -95,6 +101,8 @@ def _shown(value: float, unit: str) -> str:
         return f"{value:.0f} B"
     if unit == "1":
         return f"{value:.1%}" if 0 <= value <= 1 else f"{value:.3g}"
+    if unit.endswith("/s"):  # a rate is a measurement: its digits kept (240.0, not 240, which reads as a count)
+        return f"{value:#.4g}"
     return f"{value:.4g}"
 
 
@@ -223,7 +231,8 @@ def summary(rt: Runtime | None = None) -> Summary:
         what   labels ...
     """
     data = (rt or runtime()).collect()
-    return Summary(*_rows(data), components=_components(data))
+    histograms, values = _rows(data)
+    return Summary(histograms, values + _diffusion_rates(data), components=_components(data))
 
 
 def _rows(data: list[MetricData]) -> tuple[tuple[SummaryRow, ...], tuple[SummaryRow, ...]]:
@@ -252,7 +261,13 @@ def _components(data: list[MetricData]) -> tuple[ComponentShare, ...]:
                     key = (p.labels.get("component", "?"), p.labels.get("processor") or None)
                     per_model = times.setdefault(p.labels.get("model", ""), {})
                     per_model[key] = per_model.get(key, 0.0) + p.sum
-        elif md.spec.name == "gpuprobe.step.duration":
+        elif md.spec.name == "gpuprobe.diffusion.component.duration":  # a denoising step's parts, on the host
+            for p in md.points:
+                if p.count and p.labels.get("clock") == "host" and p.labels.get("component") in _DENOISING_PARTS:
+                    key = (p.labels["component"], None)
+                    per_model = times.setdefault(p.labels.get("model", ""), {})
+                    per_model[key] = per_model.get(key, 0.0) + p.sum
+        elif md.spec.name in ("gpuprobe.step.duration", "gpuprobe.diffusion.step.duration"):
             for p in md.points:
                 if p.labels.get("clock") == "host":
                     model = p.labels.get("model", "")
@@ -264,6 +279,32 @@ def _components(data: list[MetricData]) -> tuple[ComponentShare, ...]:
             out.append(ComponentShare(model=model, component=component, processor=processor, seconds=seconds,
                                       per_step=seconds / n if n else float("nan"), share=share))
     return tuple(out)
+
+
+def _diffusion_rates(data: list[MetricData]) -> tuple[SummaryRow, ...]:
+    """Per pipeline: denoising steps per second (steps ÷ their host time) and images per second (images ÷ the
+    time spent in its calls)."""
+    step_n: dict[str, int] = {}
+    step_s: dict[str, float] = {}
+    call_s: dict[str, float] = {}
+    images: dict[str, float] = {}
+    for md in data:
+        name = md.spec.name
+        for p in md.points:
+            model = p.labels.get("model", "")
+            if name == "gpuprobe.diffusion.step.duration" and p.labels.get("clock") == "host" and p.count:
+                step_n[model] = step_n.get(model, 0) + p.count
+                step_s[model] = step_s.get(model, 0.0) + p.sum
+            elif name == "gpuprobe.diffusion.call.duration" and p.count:
+                call_s[model] = call_s.get(model, 0.0) + p.sum
+            elif name == "gpuprobe.diffusion.images":
+                images[model] = images.get(model, 0.0) + p.value
+    rows = [SummaryRow(title="denoising steps per second", metric="gpuprobe.diffusion.step.duration",
+                       labels={"model": m}, unit="{step}/s", value=step_n[m] / step_s[m])
+            for m in sorted(step_n) if step_s[m] > 0]
+    rows += [SummaryRow(title="images per second", metric="gpuprobe.diffusion.images", labels={"model": m},
+                        unit="{image}/s", value=images[m] / call_s[m]) for m in sorted(images) if call_s.get(m)]
+    return tuple(rows)
 
 
 # -- the periodic line ------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ Each line is a check with a state and a short reason:
   machine, no NVTX tool attached, no Prometheus port set);
 - ``fail``: asked for by the settings and not working, or broken (a Prometheus port that cannot be
   bound, an OTLP endpoint that does not answer, CUDA events that cannot be read on a device that is
-  there, a seam refused by the installed transformers).
+  there, a seam refused by the installed version of an integrated library).
 
 The exit status is 1 when any line fails, else 0. The rules of every line are in ``docs/doctor.md``.
 
@@ -42,6 +42,7 @@ from typing import Any
 from . import config
 from ._version import __version__
 from .errors import ConfigError
+from .integrations import registry
 
 __all__ = ["Line", "STATES", "diagnose", "render_text", "render_json", "main", "thread_advice", "usable_cores"]
 
@@ -51,14 +52,14 @@ STATES = ("ok", "off", "fail")
 SCHEMA = 1
 """The version of ``--json``'s layout (docs/doctor.md); raised when a field changes meaning or goes."""
 
-USAGE = """\
+USAGE = f"""\
 usage: gpuprobe doctor [--json]
 
 What works on this machine and why not, one line each: Python, torch (and whether its threads fit the
-free cores), transformers, CUDA devices
-(and whether their peaks are known for MBU/MFU), device timing, NVTX, kernel sampling, NVML, the
-Prometheus port, the OTLP endpoint, the folders files are written to, and the seams of the
-transformers integration.
+free cores), each integration ({", ".join(registry.names())}: its library against the versions
+supported), CUDA devices (and whether their peaks are known for MBU/MFU), device timing, NVTX, kernel
+sampling, NVML, the Prometheus port, the OTLP endpoint, the folders files are written to, and the
+seams of the integrations.
 
 Each line is ok, off (not asked for or not present: fine) or fail (asked for by the settings and
 not working, or broken). Exit status: 0 when no line fails, 1 otherwise (docs/doctor.md).
@@ -110,6 +111,9 @@ class _Context:
     settings_error: str | None = None
     torch: Any = None  # the torch module, once the torch check imported it
     devices: int = 0  # CUDA devices torch sees
+    # What the integrations' descriptions shape-checked: seam -> why it does not fit (None: it fits).
+    seam_checks: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    checked_against: list[str] = dataclasses.field(default_factory=list)  # "<library> <version>" of each
 
 
 # -- the checks, in the order they are shown ---------------------------------------------------------
@@ -148,9 +152,9 @@ def _torch(ctx: _Context) -> Line:
     try:
         import torch
     except ImportError as exc:
+        extras = " or ".join(f"'gpuprobe[{name}]'" for name in registry.names())
         return Line("torch", "off", f"not installed ({exc}); install it for device timing, memory readings and "
-                                    "the transformers integration: pip install 'gpuprobe[transformers]'",
-                    {"installed": False})
+                                    f"the integrations: pip install {extras}", {"installed": False})
     ctx.torch = torch
     version = str(torch.__version__)
     build = ("CUDA " + str(torch.version.cuda)) if getattr(torch.version, "cuda", None) else \
@@ -252,28 +256,33 @@ def _threads(ctx: _Context) -> Line:
                                  f"environment (or call torch.set_num_threads({advice}) in it)", details)
 
 
-def _transformers(ctx: _Context) -> Line:
-    from importlib.metadata import PackageNotFoundError, version
+def _integrations(ctx: _Context) -> list[Line]:
+    """A line per integration (:data:`gpuprobe.integrations.registry.INTEGRATIONS`), from its own description."""
+    return [_integration(ctx, row) for row in registry.INTEGRATIONS]
 
-    try:
-        installed = version("transformers")
-    except PackageNotFoundError:
-        return Line("transformers", "off", "not installed (the transformers integration needs it: "
-                                           "pip install 'gpuprobe[transformers]')", {"installed": False})
-    from .integrations import transformers as hf
 
-    details = {"installed": True, "version": installed, "supported": hf.SUPPORTED_VERSIONS,
-               "tested_with": hf.TESTED_VERSION}
+def _integration(ctx: _Context, row: registry.Integration) -> Line:
     try:
-        hf.check_version()
-    except hf.UnsupportedVersionError:
-        details["inside_tested_range"] = False
-        return Line("transformers", "fail", f"{installed} is outside the supported range {hf.SUPPORTED_VERSIONS}: "
-                                            "instrument() refuses it; install "
-                                            f"'transformers{hf.SUPPORTED_VERSIONS}'", details)
-    details["inside_tested_range"] = True
-    return Line("transformers", "ok", f"{installed}, inside the supported range {hf.SUPPORTED_VERSIONS} "
-                                      f"(tested with {hf.TESTED_VERSION})", details)
+        describe = registry.describer(row)
+    except ImportError as exc:
+        if not registry.installed(row):
+            return Line(row.name, "off", f"not installed ({row.distribution}; pip install 'gpuprobe[{row.name}]')",
+                        {"installed": False})
+        return Line(row.name, "fail", f"its module cannot be imported ({type(exc).__name__}: {exc})")
+    try:
+        found = describe()
+        state, reason = found["state"], str(found["reason"])
+        details = dict(found.get("details") or {})
+        seams = dict(found.get("seams") or {})
+        against = found.get("checked_against")
+    except Exception as exc:  # its description's own failure is its line, not the others'
+        return Line(row.name, "fail", f"its description ({row.doctor}) raised {type(exc).__name__}: {exc}")
+    if state not in STATES:
+        return Line(row.name, "fail", f"its description ({row.doctor}) has the state {state!r}: {reason}", details)
+    ctx.seam_checks.update(seams)
+    if against:
+        ctx.checked_against.append(str(against))
+    return Line(row.name, state, reason, details)
 
 
 def _cuda(ctx: _Context) -> list[Line]:
@@ -555,9 +564,9 @@ def _not_writable(path: str, created: bool) -> str | None:
     return None if os.access(path, os.W_OK | os.X_OK) else f"the folder {path} is not writable"
 
 
-# The modules that declare seams (each declares its own at import); imported so the registry is whole.
+# The modules of the core that declare seams (each declares its own at import); imported so the registry
+# is whole. The integrations' modules are imported by their lines (their descriptions).
 _SEAM_MODULES = ("gpuprobe._capture", "gpuprobe._sync_audit", "gpuprobe._bootstrap",
-                 "gpuprobe.integrations.transformers", "gpuprobe.integrations._transformers.continuous",
                  "gpuprobe.integrations.opentelemetry")
 
 
@@ -579,24 +588,8 @@ def _seams(ctx: _Context) -> Line:
             for seam in (SEAM_BEGIN, SEAM_END):
                 checked[seam.name] = seam.mismatch(graph)
             against.append(f"torch {ctx.torch.__version__}")
-    hf = sys.modules.get("gpuprobe.integrations.transformers")
-    if hf is not None:
-        try:
-            hf.check_version()
-            mixin = hf._import_transformers().GenerationMixin
-        except Exception:  # not installed, or outside the range (its own line says so)
-            mixin = None
-        if mixin is not None:
-            fitting, refused = hf.fit_method_seams(mixin)
-            checked.update({ms.seam.name: None for ms in fitting})
-            checked.update({seam.name: why for seam, why, _ in refused})
-            for seam in (hf.SEAM_CLASS_GENERATE, hf.SEAM_CLASS_CONTINUOUS):
-                checked[seam.name] = seam.mismatch(mixin)
-            from .integrations._transformers import continuous as hf_continuous
-
-            for name, cls in hf_continuous.owner_classes().items():
-                checked[name] = _seams.seam(name).mismatch(cls)
-            against.append(f"transformers {hf._import_transformers().__version__}")
+    checked.update(ctx.seam_checks)
+    against += ctx.checked_against
     rows = []
     for st in _seams.status():
         state, why = st["state"], st["why"]
@@ -609,7 +602,8 @@ def _seams(ctx: _Context) -> Line:
     n_checked = sum(r["checked"] for r in rows)
     later = len(rows) - n_checked
     base = (f"{n_checked} of {len(rows)} seams shape-checked against {' and '.join(against)}" if against else
-            f"none of {len(rows)} seams could be shape-checked (neither torch nor a supported transformers)")
+            f"none of {len(rows)} seams could be shape-checked (neither torch nor a supported version of an "
+            "integrated library)")
     base += f"; {later} are checked on the objects they patch, when installed"
     notes = tuple(f"{r['seam']}: {r['state']}: {r['why']}" for r in bad)
     if bad:
@@ -625,7 +619,7 @@ _CHECKS: tuple[tuple[str, Callable[[_Context], Line | list[Line]]], ...] = (
     ("settings", _settings),
     ("torch", _torch),
     ("threads", _threads),
-    ("transformers", _transformers),
+    ("integrations", _integrations),
     ("cuda", _cuda),
     ("device timing", _device_timing),
     ("nvtx", _nvtx),

@@ -6,9 +6,10 @@ with the command (``os.execvpe``), as OpenTelemetry's ``opentelemetry-instrument
 keeps gpuprobe's process id, so its exit status, the signals sent to it (Ctrl-C, ``kill``) and its
 stdout/stderr are its own, unchanged; before it starts, ``gpuprobe run`` says one line of its own on stderr
 (where ``/metrics`` and the live page will answer, how to capture steps, where traces go). Inside every Python process it starts, Python imports that
-``sitecustomize`` at start-up, which switches gpuprobe on once the program imports transformers (see
-:mod:`gpuprobe._bootstrap`): every transformers model is instrumented at first use (``generate()`` and
-continuous batching) and ``/metrics`` is served. An existing ``sitecustomize`` still runs after it.
+``sitecustomize`` at start-up, which switches gpuprobe on once the program imports a library an integration
+serves (transformers, diffusers: the rows of :mod:`gpuprobe.integrations.registry`; see
+:mod:`gpuprobe._bootstrap`): every model or pipeline of it is instrumented at first use (for transformers
+``generate()`` and continuous batching) and ``/metrics`` is served. An existing ``sitecustomize`` still runs after it.
 
 Limits: the command must be a Python program (a script, ``python ...``, a console script such as
 ``transformers serve``) run by a Python that can import gpuprobe. ``python -I`` (isolated mode) and
@@ -42,8 +43,8 @@ USAGE = """\
 usage: gpuprobe run [OPTIONS] [--] COMMAND [ARGS...]
 
 Run COMMAND (a Python program: `python app.py`, `transformers serve ...`) with gpuprobe switched on
-inside it: every transformers model instrumented at first use, /metrics served for Prometheus. The
-command's exit status, signals and output are its own.
+inside it: every transformers model and diffusers pipeline instrumented at first use, /metrics served
+for Prometheus. The command's exit status, signals and output are its own.
 
 options:
   --port N             serve /metrics on port N (default: GPUPROBE_PROMETHEUS_PORT, else 9464;
@@ -152,8 +153,8 @@ def start_line(env: Mapping[str, str], pid: int | None = None) -> str:
     will answer, how to capture steps and where traces go (read from the command's environment).
 
     Example:
-        >>> start_line({"GPUPROBE_PROMETHEUS_PORT": "9500", "GPUPROBE_PROFILE_SIGNAL": "off"}, pid=42)[:94]
-        'gpuprobe run: once the program imports transformers, /metrics at http://127.0.0.1:9500/metrics'
+        >>> start_line({"GPUPROBE_PROMETHEUS_PORT": "9500", "GPUPROBE_PROFILE_SIGNAL": "off"}, pid=42)[:107]
+        'gpuprobe run: once the program imports transformers or diffusers, /metrics at http://127.0.0.1:9500/metrics'
     """
     cfg = config.from_environment(env)[0]
     parts = []
@@ -177,7 +178,15 @@ def start_line(env: Mapping[str, str], pid: int | None = None) -> str:
         output = (f"gpuprobe-steps-{first}-{last or first}-rank{cfg.rank}.json.gz" if cfg.profile_output == "auto"
                   else cfg.profile_output)
         parts.append(f"steps {cfg.profile_steps} are traced to {os.path.abspath(output)}")
-    return "gpuprobe run: once the program imports transformers, " + "; ".join(parts)
+    return f"gpuprobe run: once the program imports {_libraries()}, " + "; ".join(parts)
+
+
+def _libraries() -> str:
+    """The libraries whose import switches gpuprobe on, in the registry's order: ``transformers or diffusers``."""
+    from .integrations.registry import INTEGRATIONS
+
+    names = [row.library for row in INTEGRATIONS]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def _resolve(command: str, env: Mapping[str, str]) -> str | None:

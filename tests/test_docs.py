@@ -52,8 +52,6 @@ def doc_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     return {r["id"]: r for r in json.loads(out.read_text())["results"]}
 
 
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def _cpu_only_torch() -> bool:
     try:
         import torch
@@ -68,6 +66,8 @@ SHOWN_ON: dict[str, tuple[str, Callable[[], bool]]] = {
 }
 
 
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_doc_block_runs_as_shown(block: Block, doc_results: dict[str, Any]) -> None:
     for marker, (machine, here) in SHOWN_ON.items():
         if block.kind == "output" and block.directive.endswith(marker) and not here():

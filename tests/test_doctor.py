@@ -30,6 +30,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from gpuprobe import _seams, config, doctor
+from gpuprobe.integrations import registry
 from gpuprobe.testing.nvtx_capture import capture_env, parse_capture
 
 from kineto_shapes import use_shape
@@ -38,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import versions  # noqa: E402 - scripts/versions.py reads pyproject.toml
 
-CHECKS = ["python", "settings", "torch", "threads", "transformers", "cuda", "device timing", "nvtx", "kernel sampling", "nvml",
-          "prometheus", "otlp", "files", "seams"]
+CHECKS = ["python", "settings", "torch", "threads", *registry.names(), "cuda", "device timing", "nvtx", "kernel sampling",
+          "nvml", "prometheus", "otlp", "files", "seams"]
 
 
 @pytest.fixture(autouse=True)

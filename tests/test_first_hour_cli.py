@@ -84,7 +84,7 @@ def test_gpuprobe_run_says_where_metrics_and_traces_go_before_the_command_starts
     lines = done.stderr.splitlines()
     assert lines[1:] == ["the command"]  # one line of gpuprobe run's, first; then the command's own
     line = lines[0]
-    assert line.startswith("gpuprobe run: once the program imports transformers, ")
+    assert line.startswith("gpuprobe run: once the program imports transformers or diffusers, ")
     assert f"/metrics at http://127.0.0.1:{port}/metrics, the live page at http://127.0.0.1:{port}/" in line
     # the command is the same process: the pid the line names for a capture is the command's own
     assert f"kill -USR2 {pid} captures the next 5 steps to {tmp_path / 'gpuprobe-traces'}/" in line

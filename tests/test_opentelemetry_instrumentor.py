@@ -69,7 +69,7 @@ def wait_for(condition: Any, what: str, timeout: float = 30.0) -> Any:
 
 
 def test_the_instrumentor_names_the_transformers_it_supports(instrumentor):
-    assert list(instrumentor.instrumentation_dependencies()) == [f"transformers {SUPPORTED_VERSIONS}"]
+    assert f"transformers {SUPPORTED_VERSIONS}" in instrumentor.instrumentation_dependencies()
 
 
 def test_instrumented_models_feed_the_meter_provider_until_uninstrumented(make_model, instrumentor):

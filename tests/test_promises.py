@@ -1,24 +1,25 @@
 """What docs/architecture.md promises about where other libraries' insides are touched, checked on the code.
 
-Two promises, each read from the source with :mod:`ast` (no import of torch or transformers needed):
+Two promises, each read from the source with :mod:`ast` (no import of torch or an integrated library needed):
 
-**Every reading of transformers' own objects is in** ``gpuprobe/integrations/_transformers/compat.py``. In the
-transformers integration (every module of ``gpuprobe/integrations/``), a *transformers object* is
+**Every reading of an integrated library's own objects is in its compat module.** For each row of
+``gpuprobe.integrations.registry`` (its ``library``, its ``compat`` module, its ``objects``), in every
+module of the integration (its public module and its private package), a *library object* is
 
-- a name bound to a transformers module (``import transformers``, ``from transformers... import x``,
-  ``sys.modules["transformers..."]``, ``compat.import_transformers()``);
-- a name the integration gives to the objects transformers hands it (:data:`TRANSFORMERS_OBJECTS`:
-  ``model``, ``bp``, ``scheduler``, ``cache``, ...), or ``self.<that name>``;
+- a name bound to a module of the library (``import <library>``, ``from <library>... import x``,
+  ``sys.modules["<library>..."]``, the compat module's ``import_<library>()``);
+- a name the integration gives to the objects the library hands it (the row's ``objects``: ``model``,
+  ``scheduler``, ``cache``, ...), or ``self.<that name>``;
 - a name assigned (in the same function, or one enclosing it) from an expression that starts at one of
   the above (``state = fs.state``; ``for fs in batch``, where ``batch`` is one).
 
 A *reading* is ``obj.attribute`` (loaded, called or not), ``getattr(obj, "attribute")`` or
-``hasattr(obj, "attribute")`` on a transformers object, for any attribute that is neither a dunder
+``hasattr(obj, "attribute")`` on a library object, for any attribute that is neither a dunder
 (``__dict__``: gpuprobe's own state on the instance, ``__class__``) nor in :data:`STABLE_API` (torch's
-``nn.Module`` methods, which are torch's promise, not transformers'), nor the method of a declared
-transformers seam (those are read and shape-checked by :mod:`gpuprobe._seams`). Every attribute of a
-transformers object counts, not only ``_private`` ones: public ones move between releases too
-(``past_key_values`` became ``cache`` in 5.24).
+``nn.Module`` methods, which are torch's promise, not the library's), nor the method of a declared seam
+of that library (those are read and shape-checked by :mod:`gpuprobe._seams`). Every attribute of a
+library object counts, not only ``_private`` ones: public ones move between releases too (a model's
+``past_key_values`` became ``cache``).
 
 **Every private torch name is in** ``gpuprobe/_torch_caps.py`` (or ``gpuprobe/testing/simcuda/_torch_compat.py``,
 the simulated CUDA's own). Anywhere else in ``gpuprobe/``, a *private torch name* is
@@ -32,8 +33,8 @@ the simulated CUDA's own). Anywhere else in ``gpuprobe/``, a *private torch name
 - ``getattr``/``hasattr`` of such a chain with a constant name starting with ``_``;
 - ``import_module`` / ``sys.modules`` of a dotted torch path with a private part.
 
-Both scans are shown to fail on planted violations below, so a change that breaks a promise is a failing
-test, not a stale sentence.
+Both scans are shown to fail on planted violations below (in a library of the tests' own, ``toylib``),
+so a change that breaks a promise is a failing test, not a stale sentence.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuprobe.integrations import registry
+
 PACKAGE = Path(__file__).resolve().parents[1] / "gpuprobe"
-INTEGRATIONS = PACKAGE / "integrations"
-TRANSFORMERS_COMPAT = INTEGRATIONS / "_transformers" / "compat.py"
 TORCH_COMPAT = (PACKAGE / "_torch_caps.py", PACKAGE / "testing" / "simcuda" / "_torch_compat.py")
 TORCH_SEAM_MODULES = {
     # The sync audit's seam (`torch.sync_audit.kernels`) is torch's dispatcher itself: its targets are
@@ -65,31 +66,14 @@ TORCH_SEAM_MODULES = {
 }
 """The one module outside the torch compat modules allowed private torch names, and exactly which."""
 
-TRANSFORMERS_OBJECTS = frozenset({
-    "model",  # the instrumented PreTrainedModel
-    "root",  # its decoding module (compat.decoding_module)
-    "config",  # a model's PretrainedConfig
-    "generation_config",  # a call's GenerationConfig
-    "manager",  # a ContinuousBatchingManager
-    "router",  # its OutputRouter
-    "bp",  # its ContinuousBatchProcessor
-    "scheduler",  # the processor's Scheduler
-    "offloader",  # the processor's OffloadingManager
-    "fs",  # a scheduled FutureRequestState
-    "output",  # a GenerationOutput the router delivers
-    "outputs",  # several of them
-    "generator",  # a candidate generator of assisted decoding
-    "stop_check",  # the decoding loop's stop check
-    "frame",  # the frame of transformers' decoding loop
-})
-"""The names under which the transformers integration holds objects transformers made. A new name for
-such an object joins this list (the scan cannot know what an ``Any`` holds)."""
+TOY_OBJECTS = frozenset({"model", "config", "manager", "bp", "scheduler", "fs"})
+"""The names a planted integration of ``toylib`` holds its objects under (as a row's ``objects``)."""
 
 STABLE_API = frozenset({
-    # torch.nn.Module's own methods, which every transformers model has by being a Module.
+    # torch.nn.Module's own methods, which every model of an integrated library has by being a Module.
     "named_modules", "modules", "parameters", "register_forward_hook", "register_forward_pre_hook",
 })
-"""Attributes of transformers objects read outside compat.py that are not transformers' to change."""
+"""Attributes of a library's objects read outside its compat module that are not the library's to change."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +158,7 @@ def _is_private(name: str) -> bool:
 class _Scan(ast.NodeVisitor):
     """One module's scan: bindings of the library's modules and objects, then the readings of them.
 
-    ``library``: ``"torch"`` or ``"transformers"``. Names are tracked per function (a nested function
+    ``library``: ``"torch"`` or an integrated library's module. Names are tracked per function (a nested function
     sees its enclosing function's), flow-insensitively: a name bound anywhere in a function to the
     library counts everywhere in it.
     """
@@ -211,8 +195,8 @@ class _Scan(ast.NodeVisitor):
                 if name is not None and name.startswith("__") and name.endswith("__"):
                     return False
             if isinstance(link, ast.Call) and isinstance(link.func, ast.Name):
-                if link.func.id == "import_transformers":
-                    return self.library == "transformers"
+                if link.func.id == f"import_{self.library}":
+                    return True  # the compat module's import_<library>()
                 if link.func.id != "getattr":
                     return False  # type(x), len(x), a function of gpuprobe's: its result is not the object
             if isinstance(link, ast.Attribute) and isinstance(link.value, ast.Name) and link.value.id == "self":
@@ -329,11 +313,17 @@ class _Scan(ast.NodeVisitor):
                 self._hit(node, f"from {node.module} import {', '.join(a.name for a in node.names)}")
 
 
-def transformers_reads(source: str, path: str = "<source>", allowed: frozenset[str] = STABLE_API) -> list[Hit]:
-    """Every reading of a transformers object's attribute in ``source`` (see the module's docstring)."""
-    scan = _Scan("transformers", path, TRANSFORMERS_OBJECTS, allowed)
+def library_reads(source: str, library: str, objects: frozenset[str], path: str = "<source>",
+                  allowed: frozenset[str] = STABLE_API) -> list[Hit]:
+    """Every reading of an attribute of ``library``'s objects in ``source`` (see the module's docstring)."""
+    scan = _Scan(library, path, objects, allowed)
     scan.visit(ast.parse(source))
     return scan.hits
+
+
+def toy_reads(source: str) -> list[Hit]:
+    """:func:`library_reads` of the planted library ``toylib``."""
+    return library_reads(source, "toylib", TOY_OBJECTS)
 
 
 def torch_private_names(source: str, path: str = "<source>") -> list[Hit]:
@@ -344,30 +334,50 @@ def torch_private_names(source: str, path: str = "<source>") -> list[Hit]:
     return scan.hits
 
 
-def _seam_attributes() -> frozenset[str]:
-    """The methods of transformers objects that are declared seams (read through gpuprobe._seams)."""
-    pytest.importorskip("transformers")
+def _module_path(module: str) -> Path:
+    """The file or folder of a module of gpuprobe, by its dotted name."""
+    base = PACKAGE.parent.joinpath(*module.split("."))
+    return base if base.is_dir() else base.with_suffix(".py")
+
+
+def _integration_files(row: registry.Integration) -> list[Path]:
+    """The modules of an integration: its public module and every module of its private package."""
+    package = _module_path(row.package)
+    return sorted({_module_path(row.module), *(package.rglob("*.py") if package.is_dir() else [package])})
+
+
+def _seam_attributes(row: registry.Integration) -> frozenset[str]:
+    """The methods of the library's objects that are declared seams (read through gpuprobe._seams)."""
+    pytest.importorskip(row.library)
     import importlib
     import pkgutil
 
     from gpuprobe import _seams
 
-    for info in pkgutil.walk_packages([str(INTEGRATIONS)], prefix="gpuprobe.integrations."):
+    importlib.import_module(row.module)
+    package = importlib.import_module(row.package)
+    for info in pkgutil.walk_packages(package.__path__, prefix=row.package + "."):
         importlib.import_module(info.name)
-    return frozenset(s.attribute for s in _seams.registry() if s.library == "transformers")
+    return frozenset(s.attribute for s in _seams.registry() if s.library == row.library and s.attribute)
 
 
 def _relative(path: Path) -> str:
     return str(path.relative_to(PACKAGE.parent))
 
 
+ROWS = registry.INTEGRATIONS
+
+
 # -- the promises ------------------------------------------------------------------------------------
 
-def test_every_reading_of_transformers_objects_is_in_compat() -> None:
-    allowed = STABLE_API | _seam_attributes()
-    hits = [hit for path in sorted(INTEGRATIONS.rglob("*.py")) if path != TRANSFORMERS_COMPAT
-            for hit in transformers_reads(path.read_text(encoding="utf-8"), _relative(path), allowed)]
-    assert [str(h) for h in hits] == [], "read transformers' objects through gpuprobe/integrations/_transformers/compat.py"
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
+def test_every_reading_of_a_librarys_objects_is_in_its_compat_module(row: registry.Integration) -> None:
+    allowed = STABLE_API | _seam_attributes(row)
+    compat = _module_path(row.compat)
+    hits = [hit for path in _integration_files(row) if path != compat
+            for hit in library_reads(path.read_text(encoding="utf-8"), row.library, frozenset(row.objects),
+                                     _relative(path), allowed)]
+    assert [str(h) for h in hits] == [], f"read {row.library}'s objects through {_relative(compat)}"
 
 
 def test_every_private_torch_name_is_in_the_torch_compat_modules() -> None:
@@ -377,10 +387,15 @@ def test_every_private_torch_name_is_in_the_torch_compat_modules() -> None:
     assert [str(h) for h in hits] == [], "look private torch names up in gpuprobe/_torch_caps.py"
 
 
-def test_the_compat_modules_exist_and_are_scanned_as_users() -> None:
-    # The exemptions name real files, and the scans see what those files do (so an exemption is needed).
-    assert TRANSFORMERS_COMPAT.is_file()
-    assert transformers_reads(TRANSFORMERS_COMPAT.read_text(encoding="utf-8"))
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)
+def test_each_compat_module_exists_and_is_scanned_as_a_user(row: registry.Integration) -> None:
+    # The exemption names a real file of the integration, and the scan sees what it does (so it is needed).
+    compat = _module_path(row.compat)
+    assert compat.is_file() and compat in _integration_files(row)
+    assert library_reads(compat.read_text(encoding="utf-8"), row.library, frozenset(row.objects))
+
+
+def test_the_torch_compat_modules_exist_and_are_scanned_as_users() -> None:
     for path in TORCH_COMPAT:
         assert path.is_file()
         assert torch_private_names(path.read_text(encoding="utf-8")), path
@@ -395,13 +410,14 @@ def test_the_compat_modules_exist_and_are_scanned_as_users() -> None:
     "def f(self):\n    return len(self.scheduler.active_requests)\n",
     "def f(batch, bp):\n    for fs in bp.scheduled:\n        state = fs.state\n        return state.request_id\n",
     "def f(manager):\n    def inner():\n        return manager.output_router\n    return inner\n",
-    "import transformers\nX = transformers.generation.utils.GenerationMixin\n",
-    "from transformers.generation import utils\nX = utils._sample\n",
-    "import sys\nu = sys.modules.get('transformers.generation.utils')\nD = u.DeferredStopCheck\n",
+    "import toylib\nX = toylib.generation.utils.GenerationMixin\n",
+    "from toylib.generation import utils\nX = utils._sample\n",
+    "import sys\nu = sys.modules.get('toylib.generation.utils')\nD = u.DeferredStopCheck\n",
     "def f(config):\n    return config.get_text_config()\n",
+    "from .compat import import_toylib\ndef f():\n    return import_toylib().GenerationMixin\n",
 ])
-def test_the_transformers_scan_finds_a_planted_reading(source: str) -> None:
-    assert len(transformers_reads(source)) >= 1, source
+def test_the_library_scan_finds_a_planted_reading(source: str) -> None:
+    assert len(toy_reads(source)) >= 1, source
 
 
 @pytest.mark.parametrize("source", [
@@ -410,8 +426,8 @@ def test_the_transformers_scan_finds_a_planted_reading(source: str) -> None:
     "def f(self):\n    return self.serving.queue\n",  # gpuprobe's own objects
     "def f(ctx):\n    return ctx.step + 1\n",
 ])
-def test_the_transformers_scan_passes_what_is_not_a_reading(source: str) -> None:
-    assert transformers_reads(source) == []
+def test_the_library_scan_passes_what_is_not_a_reading(source: str) -> None:
+    assert toy_reads(source) == []
 
 
 @pytest.mark.parametrize("source", [

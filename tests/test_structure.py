@@ -115,3 +115,14 @@ def test_importing_gpuprobe_imports_no_optional_dependency(extra: str) -> None:
     proc = run_python(f"import sys, gpuprobe; print({extra!r} in sys.modules)")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_no_two_test_modules_share_a_file_name() -> None:
+    # The test folders are not packages: pytest imports each test module by its file name, so two of one
+    # name in different folders cannot both be collected in one process ("import file mismatch").
+    tests = Path(__file__).resolve().parent
+    seen: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        if "__pycache__" not in path.parts:
+            seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

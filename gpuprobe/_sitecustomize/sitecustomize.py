@@ -1,14 +1,15 @@
 """Imported by Python's ``site`` at start-up when ``gpuprobe run`` started the process.
 
 ``gpuprobe run`` puts this module's directory first on ``PYTHONPATH``, so this ``sitecustomize`` is
-found before any other. It installs a post-import hook on ``transformers.generation.utils`` whose
-callback imports gpuprobe and switches it on (:func:`gpuprobe._bootstrap.switch_on`), and one on
-``transformers serve``'s server module (:func:`gpuprobe._bootstrap.serve_on`), then imports the
-``sitecustomize`` that would have been imported without it, if there is one, so both run.
+found before any other. It reads the integrations' rows (:mod:`gpuprobe.integrations.registry`, from
+its file: gpuprobe itself is not imported) and installs a post-import hook on each row's trigger
+modules; the first of them the program imports imports gpuprobe and switches that integration on
+(:func:`gpuprobe._bootstrap.switch_on`). Then it imports the ``sitecustomize`` that would have been
+imported without it, if there is one, so both run.
 
 Only the standard library is imported here. Why: importing gpuprobe costs ~45 ms (test machine),
-paid by every Python process of the command — helpers and launchers that never import transformers
-included — if it were done at start-up; this module costs ~3 ms.
+paid by every Python process of the command — helpers and launchers that never import an integrated
+library included — if it were done at start-up; this module costs ~3 ms.
 """
 
 from __future__ import annotations
@@ -21,15 +22,12 @@ import sys
 # machine), a third of what this module costs; the annotations are only read by type checkers.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from types import ModuleType
     from typing import Any
 
-TRIGGER_MODULE = "transformers.generation.utils"
-"""The module whose import switches gpuprobe on (it defines ``GenerationMixin``)."""
-SERVE_MODULE = "transformers.cli.serving.server"
-"""The module of ``transformers serve``'s app factory: its import installs gpuprobe's seams on that app
-(``transformers serve`` builds its app before it loads a model, so before :data:`TRIGGER_MODULE`)."""
+REGISTRY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integrations", "registry.py")
+"""The file of :mod:`gpuprobe.integrations.registry`, read as it is (it imports nothing)."""
 
 
 class _Loader:
@@ -104,37 +102,70 @@ def _shadowing() -> str | None:
     return found[0] if found else (spec.origin or "?")
 
 
-def _switch_on() -> None:
+_started: set[str] = set()  # the integrations whose trigger was imported (switched on, or tried)
+_said: list[str] = []  # why gpuprobe cannot be imported, once said
+
+
+def _tell(message: str) -> None:
+    if _said:
+        return
+    _said.append(message)
+    try:
+        sys.stderr.write(message)
+    except Exception:
+        pass
+
+
+def _switch_on(name: str) -> None:
+    """The trigger of integration ``name`` was imported: switch it on (once, whichever trigger came first)."""
+    if name in _started:
+        return
+    _started.add(name)
     shadow = _shadowing()
     if shadow is not None:
-        try:
-            sys.stderr.write(f"gpuprobe run: the folder {shadow} shadows the installed gpuprobe ("
-                             f"{os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}): `import gpuprobe` "
-                             "finds it first (it is on sys.path: the script's folder or the current directory); "
-                             "the program runs without gpuprobe; rename that folder or run from another one\n")
-        except Exception:
-            pass
+        _tell(f"gpuprobe run: the folder {shadow} shadows the installed gpuprobe ("
+              f"{os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}): `import gpuprobe` "
+              "finds it first (it is on sys.path: the script's folder or the current directory); "
+              "the program runs without gpuprobe; rename that folder or run from another one\n")
         return
     try:
         from gpuprobe import _bootstrap
     except Exception as exc:  # another Python than gpuprobe's, or a broken install: run without it
-        try:
-            sys.stderr.write(f"gpuprobe run: {sys.executable} cannot import gpuprobe ({type(exc).__name__}: "
-                             f"{exc}); the program runs without it\n")
-        except Exception:
-            pass
+        _tell(f"gpuprobe run: {sys.executable} cannot import gpuprobe ({type(exc).__name__}: {exc}); the "
+              "program runs without it\n")
         return
-    _bootstrap.switch_on()
+    _bootstrap.switch_on(integration=name)
 
 
-def _serve_on() -> None:
-    if _shadowing() is not None:  # said by _switch_on, when the program imports transformers' generation
-        return
-    try:
-        from gpuprobe import _bootstrap
-    except Exception:  # the same: said once by _switch_on
-        return
-    _bootstrap.serve_on()
+def rows() -> list[tuple[str, tuple[str, ...]]]:
+    """``(name, triggers)`` of every integration, read from the registry's file (gpuprobe is not imported).
+
+    Example:
+        >>> all(name and triggers for name, triggers in rows())
+        True
+    """
+    # Why from its file, not `import gpuprobe.integrations.registry`: that imports gpuprobe (~45 ms); reading
+    # the file costs ~0.15 ms from its .pyc (~1.3 ms compiling it where no .pyc is written), min of 30 runs.
+    loader = importlib.machinery.SourceFileLoader("_gpuprobe_run_registry", REGISTRY)
+    spec = importlib.machinery.ModuleSpec("_gpuprobe_run_registry", loader, origin=REGISTRY)
+    from importlib.util import module_from_spec
+
+    module = module_from_spec(spec)
+    loader.exec_module(module)  # not put in sys.modules: a copy read for its rows, then dropped
+    return [(row.name, tuple(row.triggers)) for row in module.INTEGRATIONS]
+
+
+def hook(integrations: Iterable[tuple[str, Sequence[str]]]) -> None:
+    """Switch each integration on when the program imports one of its triggers (now, if imported already)."""
+    for name, triggers in integrations:
+        for trigger in triggers:
+            def after(name: str = name) -> None:
+                _switch_on(name)
+
+            if trigger in sys.modules:
+                after()
+            else:
+                sys.meta_path.insert(0, _AfterImport(trigger, after))
 
 
 def _chain() -> None:
@@ -152,12 +183,12 @@ def _chain() -> None:
 
 
 if __name__ == "sitecustomize":  # imported by site, not as gpuprobe._sitecustomize.sitecustomize
-    if TRIGGER_MODULE in sys.modules:
-        _switch_on()
-    else:
-        sys.meta_path.insert(0, _AfterImport(TRIGGER_MODULE, _switch_on))
-    if SERVE_MODULE in sys.modules:
-        _serve_on()
-    else:
-        sys.meta_path.insert(0, _AfterImport(SERVE_MODULE, _serve_on))
+    try:
+        hook(rows())
+    except Exception as exc:  # a broken install: the program runs without gpuprobe
+        try:
+            sys.stderr.write(f"gpuprobe run: the integrations cannot be read from {REGISTRY} ("
+                             f"{type(exc).__name__}: {exc}); the program runs without gpuprobe\n")
+        except Exception:
+            pass
     _chain()

@@ -18,6 +18,7 @@ __all__ = [
     "LAYER_TIMING_OFF",
     "NO_PROBES",
     "NO_SERVICE_LEVEL_GOALS",
+    "NO_DIFFUSION_PIPELINE",
     "NO_DATA_REASONS",
     "GENERATE_ONLY",
     "NO_GENERATE_CALL",
@@ -76,9 +77,14 @@ NO_SERVICE_LEVEL_GOALS = NoData(
     "No data unless service-level goals are set (GPUPROBE_SLO_TTFT, GPUPROBE_SLO_TPOT, GPUPROBE_SLO_E2E) and a "
     "request has ended.")
 
+NO_DIFFUSION_PIPELINE = NoData(
+    "no diffusers pipeline",
+    "No data unless a diffusers pipeline is measured (instrument(pipe), instrument_all(), or gpuprobe run) and "
+    "has run.")
+
 NO_DATA_REASONS = (NEEDS_GPU, WAITS_FOR_ERRORS, WAITS_FOR_DROPS, KERNEL_SAMPLING_OFF, SYNC_AUDIT_OFF,
                    NO_CONTINUOUS_BATCHING, NO_SPECULATIVE_DECODING, PEAKS_UNKNOWN, LAYER_TIMING_OFF, NO_PROBES,
-                   NO_SERVICE_LEVEL_GOALS)
+                   NO_SERVICE_LEVEL_GOALS, NO_DIFFUSION_PIPELINE)
 """Every documented reason, in the order ``--verify`` lists them (docs/grafana.md names each one)."""
 
 GENERATE_ONLY = "Only generate() calls record it: continuous batching (generate_batch, transformers serve " \

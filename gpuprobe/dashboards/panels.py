@@ -18,6 +18,7 @@ from .model import (
     KERNEL_SAMPLING_OFF,
     LAYER_TIMING_OFF,
     NO_CONTINUOUS_BATCHING,
+    NO_DIFFUSION_PIPELINE,
     NO_PROBES,
     NO_SERVICE_LEVEL_GOALS,
     NO_SPECULATIVE_DECODING,
@@ -307,6 +308,82 @@ def _speculative_row(q: Queries) -> Row:
     )))
 
 
+def _diffusion_row(q: Queries) -> Row:
+    """diffusers pipelines (:mod:`gpuprobe.integrations.diffusers`): denoising steps and their components, the
+    components of a call outside the steps, steps and images per second, calls, memory and syncs by component.
+
+    One line per pipeline (its ``model`` label) and rank: the ``model`` variable lists the models of
+    generate() calls (``gen_ai_request_model``), never a pipeline's name, so this row filters by rank and
+    instance only. Its statistics are computed in the query, as the utilization panels' (no recording rule).
+    """
+    step, comp = "gpuprobe.diffusion.step.duration", "gpuprobe.diffusion.component.duration"
+    call, first = "gpuprobe.diffusion.call.duration", "gpuprobe.diffusion.time_to_first_step"
+    images, peak = "gpuprobe.diffusion.images", "gpuprobe.diffusion.component.memory.peak"
+    syncs, audited = "gpuprobe.diffusion.syncs", "gpuprobe.diffusion.steps.audited"
+    host = 'clock="host"'
+    in_step = 'component=~"denoiser|controlnet|scheduler|other"'  # a step's components add up to it
+    outside = 'component=~"text_encoder|vae_encode|vae_decode|safety_checker"'
+    keep = f"instance, {RANK}, model"
+    who = f"{{{{model}}}} · rank {{{{{RANK}}}}}"
+
+    def where(*extra: str) -> tuple[str, ...]:
+        return (*extra, f'{RANK}=~"$rank"', 'instance=~"$instance"')
+
+    def rate(metric: str, part: str = "", *extra: str) -> str:
+        return f"rate({series(metric, part)}{braces(where(*extra))}[$__rate_interval])"
+
+    def stats(lat: Latency, legend: str) -> tuple[Target, ...]:
+        return tuple(Target(stat_expr(lat, s, "$__rate_interval", where()), f"{legend}{s} · rank {{{{{RANK}}}}}")
+                     for s in ("mean", "p95"))
+
+    steps = f"sum by ({keep}) ({rate(step, 'count', host)})"
+    by_part = (f"sum by ({keep}, component, branch) ({rate(comp, 'sum', host, in_step)}) "
+               f"/ ignoring(component, branch) group_left {steps}")
+    part_mean = " / ".join(f"sum by ({keep}, component, module) ({rate(comp, part, host, outside)})"
+                           for part in ("sum", "count"))
+    per_audited = (f"sum by ({keep}, component) ({rate(syncs)}) "
+                   f"/ ignoring(component) group_left sum by ({keep}) ({rate(audited)})")
+    succeeded = Latency(call, match=(f'{ERROR_TYPE}=""',))
+    pipelines = _no_data(NO_DIFFUSION_PIPELINE, (
+        Panel("Denoising step time", "Mean and p95 of one denoising step (one iteration of a pipeline's loop over "
+              "its timesteps: the denoiser's forward, a ControlNet's, the scheduler's step and the rest), by clock "
+              "(host: what the caller waits for; device, GPUs only: the GPU's time between the step's CUDA events). "
+              f"Series: {prometheus_name(SPECS[step])}.",
+              stats(Latency(step, by=("clock",)), "{{model}} {{clock}} "), "s"),
+        Panel("Denoising steps and images per second", "Denoising steps per second (host clock) and images "
+              "(videos, latents) per second that successful pipeline calls returned, by pipeline.",
+              (Target(steps, f"steps/s {who}"), Target(f"sum by ({keep}) ({rate(images)})", f"images/s {who}")),
+              "short"),
+        Panel("Denoising step time by component", "Mean time per denoising step in each of its components, on "
+              "the host clock: the denoiser's forward by branch (cond and uncond where the pipeline runs them "
+              "apart, batched where classifier-free guidance runs both in one forward), a ControlNet's, the "
+              "scheduler's step, and other (guidance arithmetic, your callback_on_step_end). Stacked, they add up "
+              "to the mean step time.",
+              (Target(by_part, "{{component}} {{branch}} · {{model}}"),), "s", stack=True),
+        Panel("Pipeline components outside the steps", "Mean time of one call of each component a pipeline "
+              "call runs before or after its denoising steps, on the host clock: the text encoders (by module: "
+              "text_encoder, text_encoder_2, ...), the VAE's encode (image-to-image, inpainting) and decode, a "
+              "safety checker.",
+              (Target(part_mean, "{{component}} {{module}} · {{model}}"),), "s"),
+        Panel("Pipeline call and time to first step", "Mean and p95 of whole pipeline calls that returned, and "
+              "of the time from a call's start to the end of its first denoising step (text encoding included).",
+              (*stats(succeeded, "call {{model}} "), *stats(Latency(first), "first step {{model}} ")), "s"),
+        Panel("Memory peak by pipeline component", "The memory high-water mark at the end of each component of a "
+              "pipeline call (text encoders, VAE encode and decode, safety checker) and of its denoising loop "
+              "(denoiser): the VAE decode's is where a large image runs out of memory. CUDA allocator on a GPU, "
+              "process RSS on a CPU; with memory_peak_reset, each component's own peak.",
+              (Target(f"max by ({keep}, component, module, device) ({series(peak)}{braces(where())})",
+                      "{{component}} {{module}} {{device}} · {{model}}"),), "bytes"),
+    ))
+    # Empty without a pipeline too; its reason is the one a pipeline's user meets.
+    audit = Panel("Host syncs per denoising step by component", "Operations that force a device-to-host "
+                  "synchronisation per audited denoising step of a diffusers pipeline, by the step's component that "
+                  "ran them (the sync audit, GPUPROBE_SYNC_AUDIT=N; on a CPU it counts what would synchronise on a "
+                  f"GPU): the rate of {series(syncs)} over the rate of {series(audited)}.",
+                  (Target(per_audited, "{{component}} · {{model}}"),), "short", stack=True, no_data=SYNC_AUDIT_OFF)
+    return Row("Diffusion pipelines", (*pipelines, audit))
+
+
 def _syncs_panel(q: Queries) -> Panel:
     """Host syncs per audited step by component and processor (the sync audit, docs/sync-audit.md)."""
     syncs, audited = "gpuprobe.step.syncs", "gpuprobe.step.audited"
@@ -440,21 +517,22 @@ def _gpu_health_row(q: Queries) -> Row:
 
 
 def overview(inline: bool = False) -> Dashboard:
-    """The generation overview: latency, throughput, steps, memory, kernels, telemetry health and GPU health.
+    """The generation overview: latency, throughput, steps, diffusion pipelines, memory, kernels, telemetry health
+    and GPU health.
 
     Args:
         inline: compute quantiles in the queries instead of reading the recording rules.
 
     Example:
         >>> [row.title for row in overview().rows]
-        ['Requests', 'Service-level goals', 'Serving (continuous batching)', 'Generation steps', 'Speculative decoding', 'Memory', 'Kernels, probes and telemetry', 'GPU health']
+        ['Requests', 'Service-level goals', 'Serving (continuous batching)', 'Generation steps', 'Speculative decoding', 'Diffusion pipelines', 'Memory', 'Kernels, probes and telemetry', 'GPU health']
     """
     q = Queries(inline)
     return Dashboard(
         "gpuprobe-overview", "gpuprobe · generation overview",
         "Live metrics of generate() calls measured by gpuprobe: latency, throughput, step breakdown, memory.",
-        (_requests_row(q), _goals_row(q), _serving_row(q), _steps_row(q), _speculative_row(q), _memory_row(q),
-         _kernels_row(q), _gpu_health_row(q)),
+        (_requests_row(q), _goals_row(q), _serving_row(q), _steps_row(q), _speculative_row(q), _diffusion_row(q),
+         _memory_row(q), _kernels_row(q), _gpu_health_row(q)),
     )
 
 

@@ -159,7 +159,7 @@ _HISTORY_KEY = 512  # characters of a series' name and labels; a longer one is l
 CHARTED = (
     "gen_ai_client_token_usage", "gen_ai_server_request_duration_seconds",
     "gen_ai_server_time_per_output_token_seconds", "gen_ai_server_time_to_first_token_seconds",
-    "gpuprobe_generate_active", "gpuprobe_inter_token_duration_seconds",
+    "gpuprobe_diffusion_", "gpuprobe_generate_active", "gpuprobe_inter_token_duration_seconds",
     "gpuprobe_kv_cache_memory_bytes", "gpuprobe_kv_cache_sequence_length", "gpuprobe_kv_cache_usage_ratio",
     "gpuprobe_memory_", "gpuprobe_gpu_", "gpuprobe_probe_duration_seconds", "gpuprobe_request_queue_duration_seconds",
     "gpuprobe_requests_running", "gpuprobe_requests_waiting", "gpuprobe_speculative_accepted_tokens",

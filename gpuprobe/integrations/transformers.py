@@ -47,7 +47,7 @@ from ..runtime import DISABLED_AT_IMPORT, runtime
 from ._transformers import generate as _g
 from ._transformers.compat import (
     SUPPORTED_VERSIONS,
-    TESTED_VERSION,  # noqa: F401 (read by gpuprobe doctor)
+    TESTED_VERSION,
     UnsupportedModelError,
     UnsupportedVersionError,
     check_model,
@@ -72,6 +72,7 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "UnsupportedVersionError",
     "UnsupportedModelError",
+    "describe",
 ]
 
 M = TypeVar("M")
@@ -495,3 +496,53 @@ def uninstrument_all() -> None:
     for cls in list(_class_patches):
         uninstrument_class(cls)
     uninstrument_server()
+
+
+def describe() -> dict[str, Any]:
+    """What ``gpuprobe doctor`` says of this integration (its row's ``doctor``): the installed transformers
+    against :data:`SUPPORTED_VERSIONS`, and the shape checks of the seams whose owners exist before any
+    model does (the generation methods and the class-wide seams on ``GenerationMixin``, the continuous
+    batching classes). Imports transformers when it is installed; patches nothing.
+
+    Returns:
+        ``{"state", "reason", "details"}`` (``off``: not installed; ``fail``: outside the supported
+        range), and with a supported version ``"seams"`` (seam name → why it does not fit, or None) and
+        ``"checked_against"``.
+
+    Example:
+        >>> from gpuprobe.integrations.transformers import describe
+        >>> describe()["state"] in ("ok", "off", "fail")
+        True
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("transformers")
+    except PackageNotFoundError:
+        return {"state": "off", "reason": "not installed (the transformers integration needs it: "
+                                          "pip install 'gpuprobe[transformers]')", "details": {"installed": False}}
+    from ._transformers import continuous as _continuous  # declares the continuous-batching seams
+
+    details: dict[str, Any] = {"installed": True, "version": installed, "supported": SUPPORTED_VERSIONS,
+                               "tested_with": TESTED_VERSION}
+    try:
+        check_version()
+    except UnsupportedVersionError:
+        details["inside_tested_range"] = False
+        return {"state": "fail", "reason": f"{installed} is outside the supported range {SUPPORTED_VERSIONS}: "
+                                           "instrument() refuses it; install "
+                                           f"'transformers{SUPPORTED_VERSIONS}'", "details": details}
+    details["inside_tested_range"] = True
+    tr = _import_transformers()
+    mixin = tr.GenerationMixin
+    seams: dict[str, str | None] = {}
+    fitting, refused = fit_method_seams(mixin)
+    seams.update({ms.seam.name: None for ms in fitting})
+    seams.update({seam.name: why for seam, why, _ in refused})
+    for seam in (SEAM_CLASS_GENERATE, SEAM_CLASS_CONTINUOUS):
+        seams[seam.name] = seam.mismatch(mixin)
+    for name, cls in _continuous.owner_classes().items():
+        seams[name] = _seams.seam(name).mismatch(cls)
+    return {"state": "ok", "reason": f"{installed}, inside the supported range {SUPPORTED_VERSIONS} "
+                                     f"(tested with {TESTED_VERSION})", "details": details,
+            "seams": seams, "checked_against": f"transformers {tr.__version__}"}

@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.prometheus_server, pytest.mark.slow]
 
 # What the demo does not run on a CPU: the panels these reasons excuse are empty there.
 DEMO_REASONS = {"needs a GPU", "waits for an error", "kernel sampling off", "sync audit off", "no continuous batching",
-                "no speculative decoding", "peaks unknown", "no service-level goals"}
+                "no speculative decoding", "peaks unknown", "no service-level goals", "no diffusers pipeline"}
 
 
 @pytest.fixture(scope="module")

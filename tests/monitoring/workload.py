@@ -14,6 +14,9 @@ Modes:
   the serving panels have queued, waiting and preempted requests, and speculative decoding (a draft
   model, and prompt lookup), so the speculative-decoding panels have drafts, accepted tokens and their
   draft and verification times. Service-level goals are set, so the goal panels count its requests.
+  Every few calls it also runs a tiny Stable Diffusion pipeline built from configs
+  (tests/diffusers/_pipes.py), instrumented with ``gpuprobe.integrations.diffusers.instrument(pipe)``, so the
+  diffusion panels have denoising steps, their components, images and syncs.
 - ``--distributed``: the same under torchrun: ``init_process_group("gloo")``, one all-reduce per
   call, /metrics on ``--port`` + ``LOCAL_RANK`` (gpuprobe's own rule).
 - ``--gpu-fixture``: no model; pushes synthetic values through gpuprobe's real runtime for the series
@@ -40,6 +43,7 @@ import gpuprobe
 from gpuprobe.runtime import runtime
 
 MODEL_NAME = "tiny-llama"
+PIPELINE_NAME = "tiny-sd"
 
 
 def _closed_port() -> int:
@@ -174,6 +178,22 @@ def _serve_batch(model: Any, rng: random.Random) -> None:
     model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cache)
 
 
+def _pipeline() -> Any:
+    """A tiny Stable Diffusion pipeline (random weights, a tokenizer trained here), instrumented."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "diffusers"))
+    import _pipes
+
+    from gpuprobe.integrations.diffusers import instrument
+
+    return instrument(_pipes.sd(), model_name=PIPELINE_NAME)
+
+
+def _diffuse(pipe: Any) -> None:
+    import _pipes
+
+    pipe(**_pipes.inputs("sd", steps=2))
+
+
 def _generation(args: argparse.Namespace, stop: threading.Event) -> None:
     # Peaks for the CPU (none are known for it), so the MBU and MFU panels have data; service-level goals, so
     # the goal panels do (the failing calls count as errors).
@@ -187,6 +207,7 @@ def _generation(args: argparse.Namespace, stop: threading.Event) -> None:
         dist.init_process_group("gloo")
     model = _model()
     assistant = _assistant(model)
+    pipe = _pipeline()
     server = gpuprobe.serve(args.port)  # args.port + LOCAL_RANK under torchrun
     print(f"serving {server.url}", flush=True)
     rng = random.Random(int(os.environ.get("RANK", "0")))
@@ -206,6 +227,8 @@ def _generation(args: argparse.Namespace, stop: threading.Event) -> None:
             _serve_batch(model, rng)
         if calls % 3 == 2:
             _speculate(model, assistant, rng)
+        if calls % 4 == 0:
+            _diffuse(pipe)
         calls += 1
         stop.wait(args.pause)
     if dist is not None:

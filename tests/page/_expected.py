@@ -211,6 +211,8 @@ def _optional(pair: Pair, out: dict[str, Lines]) -> dict[str, Lines]:
                 "run": a_now / now if a_now is not None and now else None,
             }
         out["speculative"] = speculative
+    if ran_a_pipeline(pair):
+        out.update(_diffusion(pair))
     if pair.new.get("gpuprobe_gpu_utilization_ratio"):
         gpu: Lines = {}
         for metric, what in (("gpuprobe_gpu_utilization_ratio", "utilization"),
@@ -235,6 +237,61 @@ def _optional(pair: Pair, out: dict[str, Lines]) -> dict[str, Lines]:
                 power[f"throttle {index} {reason}"] = {"value": value}
         out["gpu_power"] = power
     return out
+
+
+DENOISING_PARTS = ("denoiser", "controlnet", "scheduler", "other")
+CALL_PARTS = ("text_encoder", "vae_encode", "vae_decode", "safety_checker")
+
+
+def _host(labels: dict[str, str]) -> bool:
+    return labels.get("clock") == "host"
+
+
+def _diffusion(pair: Pair) -> dict[str, Lines]:
+    """The charts of diffusers pipelines: the step, its parts per step, steps and images per second, the parts
+    outside the steps per call of each, and the memory peaks."""
+    out: dict[str, Lines] = {}
+    out["denoise"] = _latency(pair, "gpuprobe_diffusion_step_duration_seconds", _everything, ("model", "clock"),
+                              lambda k: f"{k[0]} {_clock(k[1:])}", (("p95", 0.95),))
+    steps = pair.sums("gpuprobe_diffusion_step_duration_seconds_count", _host, ("model",))
+    parts = pair.sums("gpuprobe_diffusion_component_duration_seconds_sum",
+                      lambda lab: _host(lab) and lab.get("component") in DENOISING_PARTS,
+                      ("model", "component", "branch"))
+    components: Lines = {}
+    models: dict[str, str] = {}
+    for (model, component, branch), (now, inc) in parts.items():
+        s_now, s_inc = steps.get((model,), (0.0, None))
+        key = f"{model}/{component}/{branch}"
+        components[key] = {"value": inc / s_inc if inc is not None and s_inc else None,
+                           "run": now / s_now if s_now else None}
+        models[key] = model
+    for key, v in components.items():  # the share of its own pipeline's step
+        total = sum(w["value"] or 0.0 for k, w in components.items() if models[k] == models[key])
+        v["share"] = v["value"] / total if total > 0 and v["value"] is not None else None
+    out["diffusion_components"] = components
+    rates: Lines = {}
+    for what, name, keep in (("steps", "gpuprobe_diffusion_step_duration_seconds_count", _host),
+                             ("images", "gpuprobe_diffusion_images_total", _everything)):
+        for (model,), (now, inc) in pair.sums(name, keep, ("model",)).items():
+            rates[f"{what} {model}"] = {"value": pair.rate(inc), "run": now}
+    out["diffusion_rates"] = rates
+    by = ("model", "component", "module")
+    outside = lambda lab: _host(lab) and lab.get("component") in CALL_PARTS  # noqa: E731
+    counts = pair.sums("gpuprobe_diffusion_component_duration_seconds_count", outside, by)
+    calls: Lines = {}
+    for key, (now, inc) in pair.sums("gpuprobe_diffusion_component_duration_seconds_sum", outside, by).items():
+        c_now, c_inc = counts.get(key, (0.0, None))
+        calls["/".join(key)] = {"value": inc / c_inc if inc is not None and c_inc else None,
+                                "run": now / c_now if c_now else None}
+    out["diffusion_parts"] = calls
+    out["diffusion_memory"] = {"/".join(key): {"value": v} for key, v in pair.gauge(
+        "gpuprobe_diffusion_component_memory_peak_bytes", ("model", "component", "module", "device"), max).items()}
+    return out
+
+
+def ran_a_pipeline(pair: Pair) -> bool:
+    """Whether a diffusers pipeline ran in the process (its denoising steps are counted)."""
+    return any(v > 0 for _, v in pair.new.get("gpuprobe_diffusion_step_duration_seconds_count", []))
 
 
 def made_generate_call(pair: Pair) -> bool:

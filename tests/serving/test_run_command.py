@@ -58,7 +58,7 @@ def test_stdout_and_stderr_are_byte_for_byte_what_the_command_writes_after_one_l
     wrapped = _run(["--", PY, str(app)], tmp_path)
     # gpuprobe run's own line (where /metrics will answer) comes first, before the command starts
     own, _, rest = wrapped.stderr.partition(b"\n")
-    assert own.startswith(b"gpuprobe run: once the program imports transformers, /metrics at http://127.0.0.1:9464/")
+    assert own.startswith(b"gpuprobe run: once the program imports transformers or diffusers, /metrics at http://127.0.0.1:9464/")
     assert (wrapped.stdout, rest, wrapped.returncode) == (direct.stdout, direct.stderr, 0)
 
 
@@ -119,7 +119,7 @@ def test_a_python_program_gets_its_models_instrumented_and_metrics_served(tmp_pa
     assert scrape.value("gpuprobe_step_duration_seconds_count", phase="decode", clock="host") == 3
     assert scrape.value("gpuprobe_layer_duration_seconds_count") > 0  # --layers 1: every decode step
     # nothing of gpuprobe's own on the command's stderr but gpuprobe run's one line, before the command
-    assert done.stderr.startswith(f"gpuprobe run: once the program imports transformers, /metrics at "
+    assert done.stderr.startswith(f"gpuprobe run: once the program imports transformers or diffusers, /metrics at "
                                   f"http://127.0.0.1:{port}/metrics".encode())
     assert done.stderr.count(b"\n") == 1
 

@@ -297,6 +297,13 @@
 
   const MEMORY_ORDER = ["allocated", "peak", "reserved"];
 
+  /** Whether a diffusers pipeline ran (its denoising steps are counted): the diffusion charts show from then on. */
+  const DIFFUSION = (r) => r.counter("gpuprobe_diffusion_step_duration_seconds_count").some((g) => g.total > 0);
+  const DENOISING_PARTS = ["denoiser", "controlnet", "scheduler", "other"];  // they add up to a denoising step
+  const CALL_PARTS = ["text_encoder", "vae_encode", "vae_decode", "safety_checker"];  // before or after the steps
+  const partName = (labels) => labels.component.replace(/_/g, " ")
+    + (labels.module && labels.module !== labels.component ? ` (${labels.module})` : "");
+
   const clockLabel = (labels) => (labels.clock && labels.clock !== "host" ? `${labels.clock} ` : "");
   const COMPONENT_ORDER = ["draft", "schedule", "forward", "verify", "logits_processor", "stopping_criteria",
                            "streamer", "update", "other"];
@@ -397,6 +404,96 @@
           key: `tokens ${g.labels.model}`, name: `tokens ${g.labels.model}`, value: g.value, unit: "tokens",
           scale: "y2"})),
       ],
+    },
+    latencyChart("denoise", "Denoising step", "One denoising step of each diffusers pipeline, by clock (shown once a "
+                 + "pipeline ran).", "gpuprobe_diffusion_step_duration_seconds",
+                 {when: DIFFUSION, by: ["model", "clock"], label: (l) => `${l.model} ${clockLabel(l)}`,
+                  stats: [["p95", 0.95]]}),
+    {
+      id: "diffusion_components", title: "Denoising step by component", unit: "s", when: DIFFUSION, stack: true,
+      wide: true,
+      note: "Mean time per denoising step of each pipeline in each of its parts: the denoiser by branch (cond, uncond, "
+        + "batched for both in one forward), a ControlNet, the scheduler's step, the rest. Stacked, a pipeline's "
+        + "add up to its step; the share is of its step.",
+      columns: [["value", "last {w}"], ["share", "share"], ["run", "whole run"]],
+      lines: (r) => {
+        const steps = new Map(r.counter("gpuprobe_diffusion_step_duration_seconds_count", {clock: "host"}, ["model"])
+          .map((g) => [g.labels.model, g]));
+        const parts = r.counter("gpuprobe_diffusion_component_duration_seconds_sum",
+                                {clock: "host", component: (c) => DENOISING_PARTS.includes(c)},
+                                ["model", "component", "branch"]);
+        const rank = (g) => `${g.labels.model}\u0000${DENOISING_PARTS.indexOf(g.labels.component)} ${g.labels.branch}`;
+        const lines = sortBy(parts, rank).map((g) => {
+          const s = steps.get(g.labels.model);
+          return {
+            key: `${g.labels.model}/${g.labels.component}/${g.labels.branch}`, model: g.labels.model,
+            name: `${g.labels.model} ${g.labels.component}${g.labels.branch ? ` ${g.labels.branch}` : ""}`,
+            value: g.increase !== null && s && s.increase > 0 ? g.increase / s.increase : null,
+            run: s && s.total > 0 ? g.total / s.total : null,
+            unit: "s",
+          };
+        });
+        const totals = new Map();
+        for (const l of lines) totals.set(l.model, (totals.get(l.model) || 0) + (l.value || 0));
+        for (const l of lines) {
+          const total = totals.get(l.model);
+          l.share = total > 0 && l.value !== null ? l.value / total : null;
+        }
+        return lines;
+      },
+    },
+    {
+      id: "diffusion_rates", title: "Denoising steps and images", unit: "/s", when: DIFFUSION,
+      note: "Denoising steps and images (videos, latents) per second of each diffusers pipeline; the whole run "
+        + "counts them.",
+      columns: [["value", "last {w}"], ["run", "whole run"]],
+      lines: (r) => {
+        const lines = [];
+        const counted = [["steps", "gpuprobe_diffusion_step_duration_seconds_count", {clock: "host"}],
+                         ["images", "gpuprobe_diffusion_images_total", {}]];
+        for (const [what, name, filter] of counted) {
+          for (const g of sortBy(r.counter(name, filter, ["model"]), (x) => x.labels.model)) {
+            lines.push({key: `${what} ${g.labels.model}`, name: `${what} ${g.labels.model}`, value: g.rate, unit: "/s",
+                        run: g.total, runUnit: "count"});
+          }
+        }
+        return lines;
+      },
+    },
+    {
+      id: "diffusion_parts", title: "Pipeline components outside the steps", unit: "s", when: DIFFUSION,
+      note: "Mean time of one call of each component a pipeline call runs before or after its denoising steps: the "
+        + "text encoders, the VAE's encode and decode, a safety checker.",
+      columns: WINDOW_AND_RUN,
+      lines: (r) => {
+        const filter = {clock: "host", component: (c) => CALL_PARTS.includes(c)};
+        const by = ["model", "component", "module"];
+        const keyOf = (l) => `${l.model}/${l.component}/${l.module}`;
+        const counts = new Map(r.counter("gpuprobe_diffusion_component_duration_seconds_count", filter, by)
+          .map((g) => [keyOf(g.labels), g]));
+        const rank = (g) => `${g.labels.model}\u0000${CALL_PARTS.indexOf(g.labels.component)} ${g.labels.module}`;
+        return sortBy(r.counter("gpuprobe_diffusion_component_duration_seconds_sum", filter, by), rank).map((g) => {
+          const c = counts.get(keyOf(g.labels));
+          return {
+            key: keyOf(g.labels), name: `${g.labels.model} ${partName(g.labels)}`, unit: "s",
+            value: g.increase !== null && c && c.increase > 0 ? g.increase / c.increase : null,
+            run: c && c.total > 0 ? g.total / c.total : null,
+          };
+        });
+      },
+    },
+    {
+      id: "diffusion_memory", title: "Pipeline memory peak by component", unit: "bytes", when: DIFFUSION,
+      note: "The memory high-water mark at the end of each component of a pipeline call, and of its denoising loop "
+        + "(denoiser): the VAE decode's is where a large image runs out of memory.",
+      columns: [["value", "now"]],
+      lines: (r) => {
+        const by = ["model", "component", "module", "device"];
+        const keyOf = (l) => by.map((k) => l[k]).join("/");
+        return sortBy(r.gauge("gpuprobe_diffusion_component_memory_peak_bytes", {}, by, "max"), (g) => keyOf(g.labels))
+          .map((g) => ({key: keyOf(g.labels), name: `${g.labels.model} ${partName(g.labels)} (${g.labels.device})`,
+                        value: g.value, unit: "bytes"}));
+      },
     },
     latencyChart("probes", "Your probes", "Mean and p95 of each @probe / with probe() region of the program.",
                  "gpuprobe_probe_duration_seconds",
