@@ -116,3 +116,17 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> 
             return found
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def child_pids() -> set[int]:
+    """The process ids of this process's children (read from Linux's /proc; none elsewhere)."""
+    out: set[int] = set()
+    if not os.path.isdir("/proc/self/task"):
+        return out
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                out.update(int(pid) for pid in f.read().split())
+        except FileNotFoundError:  # a thread that ended while the tasks were listed
+            continue
+    return out

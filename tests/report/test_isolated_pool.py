@@ -12,21 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import child_pids
 
 from gpuprobe.report._executors import IsolatedProcessPool, TaskFailed, WorkerFailed
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _all_children() -> set[int]:
-    """The process ids of this process's children (read from Linux's /proc; none elsewhere)."""
-    out: set[int] = set()
-    if not os.path.isdir("/proc/self/task"):
-        return out
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            out.update(int(pid) for pid in f.read().split())
-    return out
 
 
 _before: set[int] = set()
@@ -36,12 +26,12 @@ _before: set[int] = set()
 def _children_before() -> None:
     """The children this process had before the test (another test's, e.g. torch.compile's worker pool)."""
     _before.clear()
-    _before.update(_all_children())
+    _before.update(child_pids())
 
 
 def _children() -> set[int]:
     """The children this process started during the test and still has."""
-    return _all_children() - _before
+    return child_pids() - _before
 
 
 def test_a_call_runs_in_an_isolated_worker_in_the_folder_holding_gpuprobe(tmp_path: Path,
