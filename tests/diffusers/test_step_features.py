@@ -38,6 +38,8 @@ def test_the_sync_audit_finds_a_callbacks_sync_in_its_steps_other() -> None:
 
 
 def test_kernel_sampling_counts_a_denoising_steps_operators_by_category() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("with a CUDA device kernel sampling counts CUDA kernels, and the simulated CUDA launches none")
     pipe = instrument(BUILDERS["sd"]())
     gpuprobe.configure(kernel_sampling=1)
     pipe(**inputs("sd", steps=3))

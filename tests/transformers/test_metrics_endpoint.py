@@ -104,20 +104,20 @@ def test_batch_size_and_requests_in_flight(make_model, scrape):
 
 
 def test_exposition_holds_no_prompt_text_or_token_ids(make_model, scrape):
-    model = instrument(make_model("llama"), model_name="tiny")
+    model = instrument(make_model("llama"), model_name="tiny-exposition")
     ids = torch.tensor([[101, 93, 117, 88, 64, 77]])
     out = model.generate(ids, max_new_tokens=5, min_new_tokens=5, **SAMPLING)
     s = scrape()
     allowed = {
-        "tiny", "transformers", "text_completion", "input", "output", "prefill", "decode", "host", "device",
+        "tiny-exposition", "transformers", "text_completion", "input", "output", "prefill", "decode", "host", "device",
         "forward", "logits_processor", "stopping_criteria", "streamer", "other", "cpu", "0",
         "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "RepetitionPenaltyLogitsProcessor",
         "MinNewTokensLengthLogitsProcessor", "MinLengthLogitsProcessor",
     }
     for sample in s.samples:
         owner = sample.labels.get("model", sample.labels.get("gen_ai_request_model"))
-        if owner not in (None, "tiny") or (owner is None and sample.value == 0):
-            continue  # series prepared elsewhere, at 0: another test's, or gpuprobe's own known ones
+        if owner not in (None, "tiny-exposition") or (owner is None and sample.value == 0):
+            continue  # another test's model (this one's name is its own), or gpuprobe's own series at 0
         for key, value in sample.labels.items():
             if key == "le" or key.endswith("_version") or key == "device_name":  # gpuprobe_build_info
                 continue
