@@ -41,7 +41,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .. import _files
@@ -987,30 +987,15 @@ def _legacy_steps(threads: list[list[Any]]) -> list[list[str]]:
     starts: list[float] = []  # each mark's start (us): the steps of the other threads' operators
     unmarked: list[list[Any]] = []
     for evs in threads:
-        if not evs:
-            continue
-        event = type(evs[0])
-        # Why the methods looked up once and the parent's name kept in a local: this loop runs over every
-        # push and pop of the call (~3,400 a step of a Llama 512 x 8), each accessor a call into C++.
-        kind_of, name_of = event.kind, event.name
-        stack: list[str] = []
-        top = ""
         current: list[str] | None = None
-        for e in evs:
-            kind = kind_of(e)
-            if kind == "push":
-                name = name_of(e)
-                if name == _STEP_MARK:
-                    current = []
-                    steps.append(current)
-                    starts.append(e.start_us())
-                elif current is not None and name != top and name.startswith("aten::") and name not in skip:
-                    current.append(name)
-                stack.append(top)
-                top = name
-            elif kind == "pop" and stack:
-                top = stack.pop()
-        if current is None:
+        for e, name, parent in _pushes(evs):
+            if name == _STEP_MARK:
+                current = []
+                steps.append(current)
+                starts.append(e.start_us())
+            elif current is not None and name != parent and name.startswith("aten::") and name not in skip:
+                current.append(name)
+        if current is None and evs:
             unmarked.append(evs)
     if starts:
         for evs in unmarked:
@@ -1018,24 +1003,36 @@ def _legacy_steps(threads: list[list[Any]]) -> list[list[str]]:
     return steps
 
 
-def _add_by_time(evs: list[Any], starts: list[float], steps: list[list[str]], skip: frozenset[str]) -> None:
-    """The computing operators of a thread without step marks, each into the step that had started when it did."""
-    import bisect
-
+def _pushes(evs: list[Any]) -> Iterator[tuple[Any, str, str]]:
+    """Each push of one thread's push/pop events: the event, its name and the name of the range it opens in."""
+    if not evs:
+        return
+    event = type(evs[0])
+    # Why the methods looked up once and the parent's name kept in a local: this loop runs over every
+    # push and pop of the call (~3,400 a step of a Llama 512 x 8), each accessor a call into C++.
+    kind_of, name_of = event.kind, event.name
     stack: list[str] = []
     top = ""
     for e in evs:
-        kind = e.kind()
+        kind = kind_of(e)
         if kind == "push":
-            name = e.name()
-            if name != top and name.startswith("aten::") and name not in skip:
-                i = bisect.bisect_right(starts, e.start_us()) - 1
-                if i >= 0:
-                    steps[i].append(name)
+            name = name_of(e)
+            yield e, name, top
             stack.append(top)
             top = name
         elif kind == "pop" and stack:
             top = stack.pop()
+
+
+def _add_by_time(evs: list[Any], starts: list[float], steps: list[list[str]], skip: frozenset[str]) -> None:
+    """The computing operators of a thread without step marks, each into the step that had started when it did."""
+    import bisect
+
+    for e, name, parent in _pushes(evs):
+        if name != parent and name.startswith("aten::") and name not in skip:
+            i = bisect.bisect_right(starts, e.start_us()) - 1
+            if i >= 0:
+                steps[i].append(name)
 
 
 class _PythonCalls:
