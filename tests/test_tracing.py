@@ -215,6 +215,38 @@ def test_an_always_off_sampler_sends_nothing(make_model: Any, monkeypatch: pytes
     assert receiver.spans() == []
 
 
+@pytest.mark.parametrize("sampled", [True, False])
+def test_the_default_sampler_follows_the_callers_sampled_flag(make_model: Any, monkeypatch: pytest.MonkeyPatch,
+                                                               sampled: bool) -> None:
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    receiver = Receiver(signal="traces")
+    trace_id, span_id = 0x1234_5678_9ABC_DEF0_1122_3344_5566_7788, 0x0A0B_0C0D_0E0F_1011
+    flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
+    caller = NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags))
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
+        monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)  # parentbased_always_on
+        reset()
+        model = instrument(make_model("llama"), model_name="parented")
+        with otel_trace.use_span(caller, end_on_exit=False):
+            model.generate(prompt(1, 4), max_new_tokens=2, pad_token_id=0)
+        exporter().flush()
+    finally:
+        monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        reset()
+        receiver.close()
+    received = [span for span, _ in receiver.spans()]
+    if not sampled:
+        assert received == []
+        return
+    assert sorted(span.name for span in received) == ["decode", "prefill", "text_completion parented"]
+    assert {span.trace_id.hex() for span in received} == {f"{trace_id:032x}"}
+    (own,) = [span for span in received if span.name == "text_completion parented"]
+    assert own.parent_span_id.hex() == f"{span_id:016x}"
+
+
 def test_traces_off_makes_no_span_and_gives_no_ids(make_model: Any, spans: Any) -> None:
     provider, memory = spans
     gpuprobe.configure(traces="off")

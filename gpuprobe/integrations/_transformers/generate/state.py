@@ -328,10 +328,12 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
             reason = None
         else:
             reason = "stop" if ctx.other_stops else "eos"
-        p50, longest = median_and_max(ctx.gaps)
+        gaps = ctx.gaps
+        p50, longest = median_and_max(gaps) if gaps else (None, None)
         end = now_wall()
         temperature, top_p, top_k = ctx.sampling
-        rid = ctx.request_id or new_request_id()
+        given = ctx.request_id
+        rid = given or new_request_id()
         traced = self.rt.requests.wants_parents
         exemplars = self.exemplars_ok if traced else ()
         if traced and err is not None:  # the failed calls' duration series, by error type
@@ -347,8 +349,8 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
             tpot_s=None if tpot is None else tpot / 1e9, itl_p50_s=p50, itl_max_s=longest,
             host_syncs=ctx.syncs if ctx.syncs >= 0 else None, started_at=end - dur / 1e9, ended_at=end,
             max_tokens=ctx.limit, temperature=temperature, top_p=top_p, top_k=top_k,
-            steps_sampled=sampled_gaps(ctx.gaps) if traced else (),
-            parent=ctx.parent or take_parent(ctx.request_id), exemplar_series=exemplars,
+            steps_sampled=sampled_gaps(gaps) if traced else (),
+            parent=ctx.parent or (take_parent(given) if given is not None else None), exemplar_series=exemplars,
         )
         tally = ctx.tally
         if tally is not None:
