@@ -198,6 +198,7 @@ def _threads_line(env: dict[str, str], cores: set[int]) -> dict[str, Any]:
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
                     reason="needs CPU affinity (Linux) and two cores")
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_more_torch_threads_than_usable_cores_names_omp_num_threads() -> None:
     pytest.importorskip("torch")
     core = {min(os.sched_getaffinity(0))}
@@ -350,6 +351,7 @@ def test_files_into_folders_that_exist_or_can_be_made_are_ok(monkeypatch: pytest
 
 # -- NVTX ----------------------------------------------------------------------------------------------------
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_an_attached_nvtx_tool_is_ok_and_gets_the_gpuprobe_domain(tmp_path: Path) -> None:
     pytest.importorskip("nvtx")
     out = tmp_path / "nvtx.jsonl"
@@ -559,6 +561,7 @@ def test_the_json_layout(monkeypatch: pytest.MonkeyPatch, taken_port: int) -> No
     assert all(set(r) == {"seam", "library", "state", "why", "checked"} for r in seam_rows)
 
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_the_command_exits_1_fast_naming_a_taken_port_and_an_unreachable_endpoint(taken_port: int) -> None:
     dead = free_port()
     t0 = time.monotonic()
@@ -574,6 +577,7 @@ def test_the_command_exits_1_fast_naming_a_taken_port_and_an_unreachable_endpoin
     assert elapsed < 90  # interpreter, torch and transformers start-up; the endpoint itself refuses at once
 
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_the_command_with_the_defaults_exits_0_and_prints_a_line_per_check() -> None:
     proc = cli()
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -72,6 +72,7 @@ def test_the_commands_list_names_gpuprobe(capsys: pytest.CaptureFixture[str]) ->
 
 # ------------------------------------------------------------------------------------ gpuprobe run's own line
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_gpuprobe_run_says_where_metrics_and_traces_go_before_the_command_starts(tmp_path: Path) -> None:
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,6 +91,7 @@ def test_gpuprobe_run_says_where_metrics_and_traces_go_before_the_command_starts
     assert f"kill -USR2 {pid} captures the next 5 steps to {tmp_path / 'gpuprobe-traces'}/" in line
 
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_gpuprobe_run_names_the_trace_of_profile_steps(tmp_path: Path) -> None:
     done = subprocess.run([GPUPROBE, "run", "--port", "0", "--profile-steps", "3-4", "--", sys.executable, "-c",
                            "pass"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
@@ -114,6 +116,7 @@ print(window.path, asked.path)
 """
 
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_a_profile_window_says_on_stderr_where_it_wrote_its_trace(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     (tmp_path / "window.py").write_text(WINDOW)
@@ -132,6 +135,7 @@ def _plots(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.suffix == ".png")
 
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_the_demo_writes_no_plot_unless_asked_and_to_the_current_folder_when_asked(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("matplotlib")

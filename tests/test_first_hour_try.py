@@ -78,6 +78,7 @@ def one_thread() -> Any:
 
 # ------------------------------------------------------------------------------------ a factory file's folder
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_a_factory_file_imports_the_module_beside_it_from_another_folder(tmp_path: Path) -> None:
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -106,6 +107,7 @@ def test_loading_a_factory_file_puts_sys_path_back_as_it_was(tmp_path: Path) -> 
         sys.modules.pop("helper", None)  # the user's module, imported by the load: not this test process's
 
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_a_module_the_factory_file_imports_that_does_not_exist_is_the_users_error_with_its_line(
         tmp_path: Path) -> None:
     (tmp_path / "myfactory.py").write_text("import torch\nimport no_such_helper_module\n\n\ndef slow():\n"
@@ -122,6 +124,7 @@ def test_a_module_the_factory_file_imports_that_does_not_exist_is_the_users_erro
 
 # ------------------------------------------------------------------------------------ processors and a folder
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_processors_on_a_model_folder_are_refused_before_it_loads_and_the_factory_form_is_shown(
         tmp_path: Path) -> None:
     folder = tmp_path / "tiny"
@@ -143,6 +146,7 @@ def test_processors_on_a_model_folder_are_refused_before_it_loads_and_the_factor
 
 
 @pytest.mark.parametrize("named", ["no-logits-processor:BanTokens", "no-stopping-criterion:StopAtDot"])
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_a_named_processor_variant_on_a_folder_is_refused_too(tmp_path: Path, named: str) -> None:
     folder = tmp_path / "empty"
     folder.mkdir()

@@ -131,6 +131,7 @@ def one_thread() -> Any:
 
 # ---------------------------------------------------------------------------------------------- MODEL's errors
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_a_damaged_weights_file_is_named_as_models_error_and_leaves_the_output_file_alone(tmp_path: Path) -> None:
     folder = tmp_path / "tiny"
     _tiny_llama().save_pretrained(folder)
@@ -150,6 +151,7 @@ def test_a_damaged_weights_file_is_named_as_models_error_and_leaves_the_output_f
     assert out.read_text() == "the last run's table\n"  # nothing measured: nothing overwritten
 
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_a_forward_that_raises_in_the_third_round_is_models_error_and_the_two_rounds_before_it_are_written(
         tmp_path: Path) -> None:
     factory = tmp_path / "mine.py"
@@ -273,6 +275,7 @@ def test_the_python_api_raises_models_error_with_the_rounds_before_it() -> None:
 
 # ---------------------------------------------------------------------------------------------- the budget
 
+@pytest.mark.subprocess_only  # what it checks runs in the child it starts
 def test_a_call_slower_than_the_budget_allows_runs_once_and_gives_no_verdict(tmp_path: Path) -> None:
     (tmp_path / "slow.py").write_text(SLOW)
     log = tmp_path / "forward.log"

@@ -148,6 +148,7 @@ def seam_fault(name: str, fault: BaseException | None = None) -> Iterator[None]:
     Only for the seams built from gpuprobe's seam template (see ``docs/architecture.md``).
 
     Example:
+        >>> import gpuprobe.integrations.transformers  # declares the seams of the transformers integration
         >>> from gpuprobe.testing import seam_fault
         >>> with seam_fault("transformers.generate"):
         ...     pass  # model.generate(...) returns what it returns without gpuprobe
