@@ -493,13 +493,15 @@ _INTEGER = re.compile(r"(?<![\w.])\d+(?![\w.])")
 
 
 def mask(text: str, integers: bool = False) -> str:
-    """``text`` with versions, absolute paths and decimal numbers masked (and integers, if asked), runs
-    of spaces read as one. A path under the working folder (``<cwd>/...``) stays as it is."""
+    """``text`` with versions, absolute paths and decimal numbers masked (and integers, if asked: as
+    numbers, since a measured value printed to three significant digits can come out whole, ``13 ms``
+    where a doc shows ``12.9 ms``), runs of spaces read as one. A path under the working folder
+    (``<cwd>/...``) stays as it is."""
     text = _VERSION.sub("<version>", text)
     text = _PATH.sub("<path>", text)
     text = _DECIMAL.sub("<num>", text)
     if integers:
-        text = _INTEGER.sub("<int>", text)
+        text = _INTEGER.sub("<num>", text)
     return re.sub(r"[ \t]+", " ", text)
 
 

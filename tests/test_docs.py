@@ -114,6 +114,12 @@ def test_sampled_lines_are_found_in_order() -> None:
     assert _dockit.compare_text(shown, reordered, "lines", folder="/tmp/x") is not None
 
 
+def test_a_measured_value_that_prints_whole_matches_a_decimal_one() -> None:
+    shown = "denoising step  model=m  5  12.9 ms  17.8 ms"
+    assert _dockit.compare_text(shown, "denoising step  model=m  5  13 ms  17.8 ms", "lines") is None
+    assert _dockit.compare_text(shown, "denoising step  model=m  5  13 s  17.8 ms", "lines") is not None
+
+
 def test_head_and_part_are_exact_on_the_lines_they_show() -> None:
     actual = "a\nb\nc\nd\n"
     assert _dockit.compare_text("a\nb", actual, "head") is None
