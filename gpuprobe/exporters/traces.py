@@ -330,8 +330,7 @@ class TraceExporter:
         self._sampler: Any = None
         self._resource: Any = None
         self._closed = False
-        self._pid = os.getpid()
-        self._forks = _forks
+        self._forks = _forks  # the fork count it was made under (not getpid(): a system call per request)
         self.exported = 0
         self.dropped = 0
         if provider is None:
@@ -373,7 +372,7 @@ class TraceExporter:
     # -- on the request's thread ----------------------------------------------------------------------
     def ended(self, record: RequestRecord) -> None:
         """A request ended: its ids, then the queue (a few dict and deque operations; never raises)."""
-        if self._closed or self._forks != _forks:  # the fork count, not getpid(): a system call per request
+        if self._closed or self._forks != _forks:
             return
         parent = record.parent
         bits = self._random.getrandbits(192)  # both ids from one draw
@@ -392,7 +391,7 @@ class TraceExporter:
 
     def step_ended(self, step: Any) -> None:
         """A continuous-batching step that is a span of its own (on the draining thread; never raises)."""
-        if self._closed or os.getpid() != self._pid:
+        if self._closed or self._forks != _forks:
             return
         if len(self._steps) >= _STEPS:
             self.dropped += 1
@@ -684,7 +683,7 @@ class TraceExporter:
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self.timeout + 1)
-        if os.getpid() == self._pid:
+        if self._forks == _forks:
             self._send(final=True)
 
     def __repr__(self) -> str:

@@ -329,11 +329,10 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
         else:
             reason = "stop" if ctx.other_stops else "eos"
         gaps = ctx.gaps
-        p50, longest = median_and_max(gaps) if gaps else (None, None)
+        p50, longest = median_and_max(gaps)
         end = now_wall()
         temperature, top_p, top_k = ctx.sampling
-        given = ctx.request_id
-        rid = given or new_request_id()
+        rid = ctx.request_id or new_request_id()
         traced = self.rt.requests.wants_parents
         exemplars = self.exemplars_ok if traced else ()
         if traced and err is not None:  # the failed calls' duration series, by error type
@@ -350,7 +349,7 @@ class ModelState(StepMachine, LayerTiming, ElementTiming):
             host_syncs=ctx.syncs if ctx.syncs >= 0 else None, started_at=end - dur / 1e9, ended_at=end,
             max_tokens=ctx.limit, temperature=temperature, top_p=top_p, top_k=top_k,
             steps_sampled=sampled_gaps(gaps) if traced else (),
-            parent=ctx.parent or (take_parent(given) if given is not None else None), exemplar_series=exemplars,
+            parent=ctx.parent or take_parent(ctx.request_id), exemplar_series=exemplars,
         )
         tally = ctx.tally
         if tally is not None:
