@@ -158,7 +158,7 @@ def _dask_client(address: str | None) -> Iterator[Any]:
             client = Client(configured, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
         except (OSError, ValueError, TypeError) as exc:  # unreachable, timed out, or not an address
             raise ConfigError(f"cannot reach the Dask scheduler at {configured}: {exc}") from None
-        with contextlib.closing(client):
+        with _quiet(_DASK_CLIENT_LOGGERS), contextlib.closing(client):
             yield client
         return
     # Dask's Client() starts a LocalCluster on every interface with a dashboard on port 8787; this one
@@ -170,8 +170,29 @@ def _dask_client(address: str | None) -> Iterator[Any]:
                                silence_logs=logging.CRITICAL)
     except (OSError, RuntimeError, TimeoutError) as exc:  # no free port, workers that did not start in time
         raise ConfigError(f"cannot start a local Dask cluster: {exc}") from None
-    with contextlib.closing(cluster), Client(cluster, set_as_default=False) as client:
+    with _quiet(_DASK_CLIENT_LOGGERS), contextlib.closing(cluster), Client(cluster, set_as_default=False) as client:
         yield client
+
+
+#: The loggers of a Dask client's own machinery. When a rank fails, the others' tasks are cancelled while
+#: their results may be on their way back; Dask then logs the race (a result set on a cancelled future, a
+#: gather of a cancelled key) as tracebacks, which say nothing about the traces. A task's own errors
+#: come back through its result, and an unreachable scheduler through the submit.
+_DASK_CLIENT_LOGGERS = ("distributed.client", "tornado.application")
+
+
+@contextlib.contextmanager
+def _quiet(names: tuple[str, ...]) -> Iterator[None]:
+    """The loggers ``names`` log nothing below CRITICAL for the length of the ``with`` block."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 # ------------------------------------------------------------------------- isolated worker processes
