@@ -7,6 +7,10 @@ request's cost), where appending the bytes of the few fields a request span has 
 (v1, stable since 2021); tests decode what this writes with ``opentelemetry-proto`` and compare it with
 what the SDK's encoder writes for the same spans.
 
+Two ways in: :func:`encode_request` writes :class:`SpanData` (the few step and capture spans); a request's
+spans come already written (``traces.request_wire``, from :func:`attribute`, :func:`delimited` and
+:func:`string_field`) and :func:`encode_written` puts them under the resource and scope.
+
 Only what gpuprobe's spans use is written: resource and scope attributes, and per span its ids, parent,
 trace state, name, kind (INTERNAL), times, attributes (strings, booleans, integers, floats, lists of
 strings), events, links and an error status.
@@ -18,7 +22,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["SpanData", "encode_request"]
+__all__ = ["SpanData", "encode_request", "encode_written", "span_message", "attribute", "delimited", "string_field"]
 
 _PACK_Q = struct.Struct("<Q").pack
 _PACK_D = struct.Struct("<d").pack
@@ -64,6 +68,48 @@ def _value(value: Any) -> bytes:
 
 
 _KEYS: dict[str, bytes] = {}  # attribute key -> its KeyValue.key field, made once (keys come from code)
+_HEADS: dict[int, dict[str, tuple[bytes | None, bytes | None, bytes]]] = {}  # field -> key -> see attribute()
+
+
+def _heads(field: int, key: str) -> tuple[bytes | None, bytes | None, bytes]:
+    by_key = _HEADS.setdefault(field, {})
+    heads = by_key.get(key)
+    if heads is None:
+        head = _string(1, key)
+        tag = _varint(field << 3 | 2)
+        float_kv = len(head) + 11
+        int_kv = len(head) + 4
+        heads = (tag + bytes((float_kv,)) + head + b"\x12\x09\x21" if float_kv < 0x80 else None,
+                 tag + bytes((int_kv,)) + head + b"\x12\x02\x18" if int_kv < 0x80 else None, head)
+        if len(by_key) < 4096:
+            by_key[key] = heads
+    return heads
+
+
+def attribute(field: int, key: str, value: Any) -> bytes:
+    """One ``KeyValue`` as field ``field`` (9: a span's attributes, 3: an event's), its tag included: the bytes
+    :func:`encode_request` writes for that attribute.
+
+    Why: a span made straight from a request's record writes its attributes one by one, without a dict;
+    a float's and a small integer's bytes are then a prefix made once per key and the value's own.
+    """
+    heads = _heads(field, key)
+    kind = type(value)
+    if kind is float and heads[0] is not None:
+        return heads[0] + _PACK_D(value)
+    if kind is int and 0 <= value < 0x80 and heads[1] is not None:
+        return heads[1] + bytes((value,))
+    return _delimited(field, heads[2] + _delimited(2, _value(value)))
+
+
+def delimited(field: int, payload: bytes) -> bytes:
+    """A length-delimited field (a message, bytes or a string's bytes)."""
+    return _delimited(field, payload)
+
+
+def string_field(field: int, text: str) -> bytes:
+    """A string field."""
+    return _string(field, text)
 
 
 def _attributes(field: int, attributes: Mapping[str, Any]) -> bytes:
@@ -147,10 +193,20 @@ _FLAGS_LOCAL = struct.pack("<I", 0x100)
 _FLAGS_REMOTE = struct.pack("<I", 0x300)
 
 
+def span_message(span: SpanData) -> bytes:
+    """``span`` as a ``ScopeSpans.spans`` field: what :func:`encode_written` takes."""
+    return _delimited(2, _span(span))
+
+
 def encode_request(resource: Mapping[str, Any], scope_name: str, scope_version: str,
                    spans: Iterable[SpanData]) -> bytes:
     """The ``ExportTraceServiceRequest`` of ``spans``, all under one resource and instrumentation scope."""
+    return encode_written(resource, scope_name, scope_version, b"".join(_delimited(2, _span(s)) for s in spans))
+
+
+def encode_written(resource: Mapping[str, Any], scope_name: str, scope_version: str, spans: bytes) -> bytes:
+    """The ``ExportTraceServiceRequest`` of spans already written as ``ScopeSpans.spans`` fields, one after
+    another (as :func:`span_message` writes them)."""
     scope = _delimited(1, _string(1, scope_name) + _string(2, scope_version))
-    body = b"".join(_delimited(2, _span(s)) for s in spans)
-    resource_spans = _delimited(1, _attributes(1, resource)) + _delimited(2, scope + body)
+    resource_spans = _delimited(1, _attributes(1, resource)) + _delimited(2, scope + spans)
     return _delimited(1, resource_spans)
